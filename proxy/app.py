@@ -1,0 +1,89 @@
+"""create_app(config): the proxy's routes, middleware and per-route resources (opened and closed in cleanup_ctx)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import structlog
+from aiohttp import web
+
+from proxy import api, models
+from proxy.config import Config, DraftConfig, Route
+from proxy.draft import DraftModel
+from proxy.engine import EngineOptions
+from proxy.errors import UpstreamError
+from proxy.state import CONFIG, RUNTIMES, RouteRuntime
+from proxy.targets.sglang import SGLangTarget
+from proxy.tokenizer_check import check_tokenizer
+from proxy.upstream import Timeouts, Upstream
+from proxy.web_errors import error_middleware
+
+log = structlog.get_logger("speculoos.app")
+
+DraftLoader = Callable[[EngineOptions], DraftModel]
+
+
+def draft_options(draft: DraftConfig) -> EngineOptions:
+    """Engine options for a route's draft (resolving a registry name to its file)."""
+    return EngineOptions(models.resolve(draft.model), n_ctx=draft.ctx, n_threads=draft.threads,
+                         n_batch=draft.batch, n_gpu_layers=draft.gpu_layers)
+
+
+def make_upstream(route: Route) -> Upstream:
+    """The pooled client for a route's upstream."""
+    t = route.timeouts
+    return Upstream(route.upstream.url, Timeouts(t.connect, t.first_byte, t.idle),
+                    api_key=route.upstream.api_key_value())
+
+
+async def open_runtimes(config: Config, load_draft: DraftLoader) -> dict[str, RouteRuntime]:
+    """Open every route's upstream client and draft (drafts with identical settings are shared)."""
+    runtimes: dict[str, RouteRuntime] = {}
+    drafts: dict[EngineOptions, DraftModel] = {}
+    for route in config.routes:
+        runtime = RouteRuntime(route, make_upstream(route))
+        runtimes[route.name] = runtime
+        if route.upstream.protocol == "sglang":
+            runtime.target = SGLangTarget(runtime.upstream)
+        if route.draft is None or runtime.target is None:
+            continue
+        options = draft_options(route.draft)
+        if options not in drafts:
+            drafts[options] = await asyncio.to_thread(load_draft, options)
+        runtime.draft = drafts[options]
+        try:
+            runtime.tokenizer = await check_tokenizer(runtime.draft.engine, runtime.upstream)
+        except UpstreamError as exc:
+            log.warning("tokenizer_check_deferred", route=route.name, reason=exc.message)
+            continue
+        event = log.info if runtime.tokenizer.compatible else log.warning
+        event("tokenizer_check", route=route.name, compatible=runtime.tokenizer.compatible,
+              reason=runtime.tokenizer.reason)
+    return runtimes
+
+
+async def close_runtimes(runtimes: dict[str, RouteRuntime]) -> None:
+    """Close upstream clients and free drafts (each shared draft once)."""
+    for runtime in runtimes.values():
+        await runtime.upstream.close()
+    for draft in {id(r.draft): r.draft for r in runtimes.values() if r.draft is not None}.values():
+        draft.close()
+
+
+def create_app(config: Config, *, load_draft: DraftLoader = DraftModel.load) -> web.Application:
+    """The proxy application for a validated config."""
+    app = web.Application(middlewares=[error_middleware], client_max_size=config.server.max_body_bytes)
+    app[CONFIG] = config
+
+    async def route_resources(app: web.Application) -> AsyncIterator[None]:
+        app[RUNTIMES] = await open_runtimes(config, load_draft)
+        yield
+        await close_runtimes(app[RUNTIMES])
+
+    app.cleanup_ctx.append(route_resources)
+    app.router.add_post("/v1/chat/completions", api.chat_completions)
+    app.router.add_post("/v1/completions", api.completions)
+    app.router.add_get("/v1/models", api.list_models)
+    app.router.add_route("*", "/{tail:.*}", api.passthrough_any)
+    return app

@@ -1,0 +1,34 @@
+"""What the proxy keeps per route while it runs: the upstream client, the draft, and their verdicts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from proxy.config import Config, Route
+from proxy.draft import DraftModel
+from proxy.targets import Target
+from proxy.tokenizer_check import TokenizerVerdict
+from proxy.upstream import Upstream
+
+
+@dataclass
+class RouteRuntime:
+    """One configured route with its live resources."""
+
+    route: Route
+    upstream: Upstream
+    target: Target | None = None  # None: the protocol cannot verify (openai)
+    draft: DraftModel | None = None
+    tokenizer: TokenizerVerdict | None = None  # None until the check could reach the upstream
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        """The route's name from the config."""
+        return self.route.name
+
+
+CONFIG = web.AppKey("config", Config)
+RUNTIMES = web.AppKey("runtimes", dict)  # route name -> RouteRuntime

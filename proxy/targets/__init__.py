@@ -1,0 +1,45 @@
+"""Target clients: one small module per verification protocol, all returning `Verification`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PositionLogprobs:
+    """The target's raw logprobs at one position: the token that stands there, and the top-N."""
+
+    token_id: int | None  # the draft token scored here; None at the bonus position
+    token_logprob: float | None
+    top_ids: np.ndarray  # [n] int64, best first
+    top_logprobs: np.ndarray  # [n] float64
+
+    @property
+    def argmax(self) -> int:
+        """The target's greedy choice at this position."""
+        return int(self.top_ids[0])
+
+
+@dataclass(frozen=True)
+class Verification:
+    """One round's answer: positions predicting d_1..d_K, then the bonus position."""
+
+    positions: tuple[PositionLogprobs, ...]  # K + 1
+    bonus_token: int  # what the target itself generated after d_K
+    cached_tokens: int
+
+
+class Target(Protocol):
+    """What the round loop needs from a verification protocol."""
+
+    async def verify(self, context: list[int], draft_tokens: list[int], top_n: int,
+                     client_headers: dict[str, str] | None = None) -> Verification:
+        """Score `draft_tokens` after `context` in one request."""
+        ...
+
+    async def prompt_ids(self, body: dict, kind: str, client_headers: dict[str, str] | None = None) -> tuple[list[int], int]:
+        """Prompt token ids from the server's own tokenizer and chat template, and its context size."""
+        ...

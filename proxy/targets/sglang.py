@@ -1,0 +1,86 @@
+"""The `sglang` protocol: SGLang's native /generate, which our verifier speaks too.
+
+One request per round: `input_ids = context + drafts`, `logprob_start_len = L - 1`, so the
+answer starts at the last context token (a null entry) and then scores d_1..d_K; the bonus
+position comes back as the one generated token (`max_new_tokens: 1`, temperature 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from proxy.errors import UpstreamUnavailableError
+from proxy.openai_wire import CHAT
+from proxy.targets import PositionLogprobs, Verification
+from proxy.upstream import Upstream
+
+
+def _top(entries: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Parse [[logprob, id, text], ...] into id and logprob arrays."""
+    if not isinstance(entries, list) or not entries:
+        raise UpstreamUnavailableError("upstream returned no top logprobs")
+    ids = np.array([int(e[1]) for e in entries], dtype=np.int64)
+    logprobs = np.array([float(e[0]) for e in entries], dtype=np.float64)
+    return ids, logprobs
+
+
+def parse_verification(answer: Any, draft_tokens: Sequence[int]) -> Verification:
+    """Turn a /generate answer into per-position logprobs; raise on anything malformed."""
+    try:
+        meta = answer["meta_info"]
+        actual = meta["input_token_logprobs"][1:]
+        tops = meta["input_top_logprobs"][1:]
+        positions = []
+        for token, entry, top in zip(draft_tokens, actual, tops, strict=True):
+            if int(entry[1]) != token:
+                raise UpstreamUnavailableError("upstream scored a different token than the draft")
+            ids, logprobs = _top(top)
+            positions.append(PositionLogprobs(token, float(entry[0]), ids, logprobs))
+        ids, logprobs = _top(meta["output_top_logprobs"][0])
+        positions.append(PositionLogprobs(None, None, ids, logprobs))
+        return Verification(tuple(positions), int(answer["output_ids"][0]), int(meta.get("cached_tokens", 0)))
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise UpstreamUnavailableError(f"upstream sent a malformed verification answer ({type(exc).__name__})") from exc
+
+
+class SGLangTarget:
+    """Verification and tokenization against an SGLang-protocol server."""
+
+    def __init__(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+
+    async def verify(self, context: list[int], draft_tokens: list[int], top_n: int,
+                     client_headers: dict[str, str] | None = None) -> Verification:
+        """Score the drafts and get the bonus position in one /generate call."""
+        body = {
+            "input_ids": context + list(draft_tokens),
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "return_logprob": True,
+            "logprob_start_len": len(context) - 1,
+            "top_logprobs_num": top_n,
+            "return_text_in_logprobs": False,
+        }
+        answer = await self.upstream.post_json("/generate", body, client_headers=client_headers)
+        return parse_verification(answer, draft_tokens)
+
+    async def prompt_ids(self, body: dict, kind: str, client_headers: dict[str, str] | None = None) -> tuple[list[int], int]:
+        """Prompt ids from the server's /tokenize (its own chat template), and its context size."""
+        if kind == CHAT:
+            request = {"messages": body["messages"], "add_generation_prompt": True, "add_special_tokens": False}
+        elif isinstance(body["prompt"], list):
+            return list(body["prompt"]), await self.context_size(client_headers)
+        else:
+            request = {"prompt": body["prompt"]}
+        answer = await self.upstream.post_json("/tokenize", request, client_headers=client_headers)
+        try:
+            return [int(t) for t in answer["tokens"]], int(answer["max_model_len"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UpstreamUnavailableError("upstream sent a malformed /tokenize answer") from exc
+
+    async def context_size(self, client_headers: dict[str, str] | None = None) -> int:
+        """The server's context size, from a one-token /tokenize call."""
+        answer = await self.upstream.post_json("/tokenize", {"prompt": ""}, client_headers=client_headers)
+        return int(answer["max_model_len"])

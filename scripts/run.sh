@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The main job: set up, start the verifier with the Qwen 1.5B target, and serve the proxy
+# (Qwen 0.5B draft) on http://127.0.0.1:8080/v1 until Ctrl-C.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+
+VERIFIER_PORT=${VERIFIER_PORT:-8001}
+PROXY_PORT=${PROXY_PORT:-8080}
+mkdir -p out
+.venv/bin/speculoos verifier --model qwen2.5-coder-1.5b --port "$VERIFIER_PORT" > out/verifier.log 2>&1 &
+VERIFIER_PID=$!
+trap 'kill $VERIFIER_PID 2>/dev/null || true' EXIT
+
+for _ in $(seq 1 120); do
+  if curl -fsS "http://127.0.0.1:$VERIFIER_PORT/health" > /dev/null 2>&1; then break; fi
+  kill -0 $VERIFIER_PID 2>/dev/null || { echo "verifier failed to start:"; cat out/verifier.log; exit 1; }
+  sleep 1
+done
+echo "verifier: Qwen2.5-Coder-1.5B on http://127.0.0.1:$VERIFIER_PORT (log: out/verifier.log)"
+cat <<MSG
+proxy:    http://127.0.0.1:$PROXY_PORT/v1   (routes.yaml; Ctrl-C stops both)
+try:      curl -s http://127.0.0.1:$PROXY_PORT/v1/chat/completions -H 'Content-Type: application/json' -d '{"model": "qwen", "messages": [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}], "max_tokens": 80, "temperature": 0}'
+MSG
+.venv/bin/speculoos serve --routes routes.yaml --port "$PROXY_PORT"

@@ -1,0 +1,148 @@
+"""Shared fixtures: real models, real verifier and proxy processes on loopback ports."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from proxy import models
+from tests import support as http
+
+REPO = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 180.0
+THREADS = "2"
+
+TARGET_QWEN = "qwen2.5-coder-1.5b"
+DRAFT_QWEN = "qwen2.5-coder-0.5b"
+SMOL = "smollm2-135m"
+GEMMA = "gemma3-270m"
+
+
+def free_port() -> int:
+    """A port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Process:
+    """A server we started, its base URL and its log file."""
+
+    popen: subprocess.Popen
+    url: str
+    log_path: Path
+
+    def log(self) -> str:
+        """Everything it printed so far."""
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        """Terminate and reap it."""
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+
+def start_server(args: list[str], port: int, log_path: Path, ready_path: str) -> Process:
+    """Start `python -m proxy ARGS` and wait until GET ready_path answers."""
+    log_file = log_path.open("w")
+    popen = subprocess.Popen([sys.executable, "-m", "proxy", *args], cwd=REPO, stdout=log_file,
+                             stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = Process(popen, f"http://127.0.0.1:{port}", log_path)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if popen.poll() is not None:
+            raise RuntimeError(f"server exited with {popen.returncode}:\n{process.log()}")
+        try:
+            if http.get(process.url + ready_path, timeout=2).status == 200:
+                return process
+        except OSError:
+            time.sleep(0.3)
+    process.stop()
+    raise RuntimeError(f"server did not become ready in {START_TIMEOUT_S} s:\n{process.log()}")
+
+
+def start_verifier(model: str, log_dir: Path, *, ctx: int = 4096) -> Process:
+    """A real verifier process for one model."""
+    port = free_port()
+    return start_server(["verifier", "--model", model, "--port", str(port), "--threads", THREADS,
+                         "--ctx", str(ctx)], port, log_dir / f"verifier-{model}-{port}.log", "/health")
+
+
+def write_routes(path: Path, upstream: str, draft: str | None, *, k: int = 4, extra: str = "") -> Path:
+    """A one-route routes.yaml pointing at `upstream`."""
+    draft_block = f"    draft: {{model: {draft}, threads: {THREADS}, ctx: 4096}}\n" if draft else ""
+    path.write_text(
+        "routes:\n"
+        "  - name: test\n"
+        "    match: {model: \"*\"}\n"
+        f"    upstream: {{url: \"{upstream}\", protocol: sglang}}\n"
+        f"{draft_block}"
+        f"    speculation: {{k: {k}}}\n"
+        f"{extra}"
+    )
+    return path
+
+
+def start_proxy(routes: Path, log_dir: Path) -> Process:
+    """A real proxy process serving `routes`."""
+    port = free_port()
+    return start_server(["serve", "--routes", str(routes), "--port", str(port)], port,
+                        log_dir / f"proxy-{port}.log", "/v1/models")
+
+
+@pytest.fixture(scope="session")
+def model_paths() -> dict[str, Path]:
+    """Every model the tests use, fetched (a no-op when already present)."""
+    return models.fetch([TARGET_QWEN, DRAFT_QWEN, SMOL, GEMMA])
+
+
+@pytest.fixture(scope="session")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where server logs go."""
+    return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="session")
+def smol_verifier(model_paths: dict[str, Path], log_dir: Path) -> Iterator[Process]:
+    """The verifier serving SmolLM2-135M."""
+    process = start_verifier(SMOL, log_dir)
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def qwen_verifier(model_paths: dict[str, Path], log_dir: Path) -> Iterator[Process]:
+    """The verifier serving the Qwen2.5-Coder-1.5B target."""
+    process = start_verifier(TARGET_QWEN, log_dir)
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def smol_proxy(smol_verifier: Process, log_dir: Path) -> Iterator[Process]:
+    """The proxy with SmolLM2 drafting for itself."""
+    process = start_proxy(write_routes(log_dir / "smol.yaml", smol_verifier.url, SMOL), log_dir)
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def qwen_proxy(qwen_verifier: Process, log_dir: Path) -> Iterator[Process]:
+    """The proxy with the Qwen 0.5B draft in front of the 1.5B target."""
+    process = start_proxy(write_routes(log_dir / "qwen.yaml", qwen_verifier.url, DRAFT_QWEN), log_dir)
+    yield process
+    process.stop()
