@@ -21,11 +21,11 @@ from aiohttp import web
 from proxy.errors import BadRequestError, ContextOverflowError, NotFoundError, UpstreamError
 from proxy.openai_wire import CHAT, COMPLETION, GenerationRequest, parse_generation_request, write_generation
 from proxy.passthrough import forward
-from proxy.sampling import SamplerOrder, SamplingParams
+from proxy.sampling import SamplingParams
 from proxy.speculate import RoundPlan, RoundStats, speculative_tokens
 from proxy.state import CONFIG, RUNTIMES, RouteRuntime
+from proxy.targets.topn import bound_problem, exactness_problem
 from proxy.textstream import TextStream
-from proxy.tokenizer_check import check_tokenizer
 
 log = structlog.get_logger("speculoos.request")
 
@@ -46,10 +46,10 @@ async def _tokenizer_verdict(runtime: RouteRuntime) -> str | None:
     """Run the tokenizer check if start-up could not reach the upstream; the reason not to speculate."""
     if runtime.tokenizer is None and runtime.draft is not None:
         try:
-            runtime.tokenizer = await check_tokenizer(runtime.draft.engine, runtime.upstream)
+            await runtime.inspect_upstream()
         except UpstreamError:
             return "tokenizer check pending: upstream unreachable"
-        if not runtime.tokenizer.compatible:
+        if runtime.tokenizer is not None and not runtime.tokenizer.compatible:
             log.warning("tokenizer_mismatch", route=runtime.name, reason=runtime.tokenizer.reason)
     if runtime.tokenizer is not None and not runtime.tokenizer.compatible:
         return f"tokenizer mismatch: {runtime.tokenizer.reason}"
@@ -66,9 +66,19 @@ async def _passthrough_reason(request: web.Request, runtime: RouteRuntime, parse
         return "client opted out (X-Speculoos: off)"
     if parsed.unsupported:
         return "parameters only the upstream can honour: " + ", ".join(parsed.unsupported)
-    if not parsed.greedy:
-        return "temperature > 0 is served by the upstream until exact sampling is enabled"
+    if not runtime.target.exact_support:
+        spec = runtime.route.speculation
+        problem = exactness_problem(sampling_params(parsed), spec.top_logprobs, runtime.target.order)
+        if problem is not None and spec.sampling == "exact":
+            return f"cannot be exact: {problem}"
+        if problem is not None and (bounded := bound_problem(sampling_params(parsed))) is not None:
+            return f"cannot be bounded: {bounded}"
     return await _tokenizer_verdict(runtime)
+
+
+def sampling_params(parsed: GenerationRequest) -> SamplingParams:
+    """The request's sampling parameters."""
+    return SamplingParams(parsed.temperature, parsed.top_k, parsed.top_p, parsed.min_p)
 
 
 def _upstream_body(raw: bytes, body: dict, runtime: RouteRuntime) -> bytes:
@@ -124,8 +134,7 @@ async def _speculate(request: web.Request, runtime: RouteRuntime, parsed: Genera
     if not draft.fits(len(prompt_ids) + max_tokens + spec.k):
         summary.update(mode=PASSTHROUGH, reason="prompt + max_tokens exceed the draft's context")
         return await forward(request, runtime.upstream, extra_headers={MODE_HEADER: PASSTHROUGH})
-    params = SamplingParams(parsed.temperature, parsed.top_k, parsed.top_p, parsed.min_p)
-    plan = RoundPlan(spec.k, params, SamplerOrder.TEMPERATURE_THEN_TRUNCATE, spec.top_logprobs, client_headers)
+    plan = RoundPlan(spec.k, sampling_params(parsed), runtime.target.order, spec.top_logprobs, client_headers)
     stats = RoundStats()
     stream = TextStream(draft.engine.token_bytes, draft.engine.is_end_of_generation,
                         stop=parsed.stop, max_tokens=max_tokens)

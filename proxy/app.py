@@ -15,7 +15,6 @@ from proxy.engine import EngineOptions
 from proxy.errors import UpstreamError
 from proxy.state import CONFIG, RUNTIMES, RouteRuntime
 from proxy.targets.sglang import SGLangTarget
-from proxy.tokenizer_check import check_tokenizer
 from proxy.upstream import Timeouts, Upstream
 from proxy.web_errors import error_middleware
 
@@ -53,13 +52,14 @@ async def open_runtimes(config: Config, load_draft: DraftLoader) -> dict[str, Ro
             drafts[options] = await asyncio.to_thread(load_draft, options)
         runtime.draft = drafts[options]
         try:
-            runtime.tokenizer = await check_tokenizer(runtime.draft.engine, runtime.upstream)
+            verdict = await runtime.inspect_upstream()
         except UpstreamError as exc:
             log.warning("tokenizer_check_deferred", route=route.name, reason=exc.message)
             continue
-        event = log.info if runtime.tokenizer.compatible else log.warning
-        event("tokenizer_check", route=route.name, compatible=runtime.tokenizer.compatible,
-              reason=runtime.tokenizer.reason)
+        if verdict is not None:
+            event = log.info if verdict.compatible else log.warning
+            event("tokenizer_check", route=route.name, compatible=verdict.compatible, reason=verdict.reason,
+                  exact_sampling=runtime.target.exact_support)
     return runtimes
 
 

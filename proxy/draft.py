@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from proxy.engine import EngineOptions, EngineRunner, LlamaEngine
-from proxy.sampling import SamplerOrder, SamplingParams, processed_probs, sample
+from proxy.sampling import SamplerOrder, SamplingParams, processed_probs, sample, truncate_to_top
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,8 @@ class Draft:
     """K drafted tokens and the distribution each was drawn from."""
 
     tokens: tuple[int, ...]  # [k]
-    probs: np.ndarray  # [k, vocab] float64: the exact distribution each token was sampled from
+    probs: np.ndarray  # [k, vocab] float64: the exact distribution each token was sampled from,
+    # truncated to the draft's top candidates so the target can be asked about every one of them
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -41,18 +42,18 @@ class DraftModel:
         return cls(EngineRunner(LlamaEngine(options)))
 
     async def propose(self, context: Sequence[int], k: int, params: SamplingParams, order: SamplerOrder,
-                      rng: np.random.Generator) -> Draft:
+                      support_size: int, rng: np.random.Generator) -> Draft:
         """Draft up to k tokens after context (fewer if the draft ends generation)."""
         async with self._runner.lock:
-            return await self._runner.run(self._propose, list(context), k, params, order, rng)
+            return await self._runner.run(self._propose, list(context), k, params, order, support_size, rng)
 
     def _propose(self, context: list[int], k: int, params: SamplingParams, order: SamplerOrder,
-                 rng: np.random.Generator) -> Draft:
+                 support_size: int, rng: np.random.Generator) -> Draft:
         tokens: list[int] = []
         rows: list[np.ndarray] = []
         for _ in range(k):
             logits = self.engine.evaluate(context, len(context) - 1).logits[0]
-            probs = processed_probs(logits, params, order)
+            probs = truncate_to_top(processed_probs(logits, params, order), support_size)
             token = sample(probs, rng)
             tokens.append(token)
             rows.append(probs)

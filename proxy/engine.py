@@ -105,8 +105,8 @@ class LlamaEngine:
         reused = min(common_prefix_length(self._evaluated, tokens), first_logit_row)
         self._truncate(reused)
         logits = np.empty((len(tokens) - first_logit_row, self.n_vocab), dtype=np.float32)
-        for start in range(reused, len(tokens), self.options.n_batch):
-            chunk = tokens[start : start + self.options.n_batch]
+        for start, end in self._chunks(reused, len(tokens), single_row=first_logit_row == len(tokens) - 1):
+            chunk = tokens[start:end]
             wanted = self._fill_batch(chunk, start, first_logit_row)
             try:
                 self._ctx.decode(self._batch)
@@ -118,6 +118,18 @@ class LlamaEngine:
                 row = np.ctypeslib.as_array(self._ctx.get_logits_ith(index), shape=(self.n_vocab,))
                 logits[start + index - first_logit_row] = row
         return Evaluation(logits=logits, cached_tokens=reused)
+
+    def _chunks(self, start: int, end: int, *, single_row: bool) -> list[tuple[int, int]]:
+        """Batch boundaries for evaluating tokens[start:end].
+
+        llama.cpp computes a one-token batch with other kernels than a larger one, so the same row
+        gets slightly different logits. When only the last row is wanted (decoding, drafting), the
+        last token always goes alone: its logits then do not depend on how much was cached, and a
+        seeded request samples the same tokens every time.
+        """
+        last = end - 1 if single_row and end - start > 1 else end
+        bounds = [(s, min(s + self.options.n_batch, last)) for s in range(start, last, self.options.n_batch)]
+        return bounds + [(last, end)] if last < end else bounds
 
     def _fill_batch(self, chunk: Sequence[int], start: int, first_logit_row: int) -> list[int]:
         """Load one chunk into the batch; return the batch indices whose logits are requested."""

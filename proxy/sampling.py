@@ -299,3 +299,53 @@ def verify(
         recovered = sample(residual_probs(target[first], draft[first]), rng)
         return RoundResult(accepted=first, next_token=recovered, draft_tokens=drafted)
     return RoundResult(accepted=k, next_token=sample(target[k], rng), draft_tokens=drafted)
+
+
+@dataclass(frozen=True)
+class KnownSupport:
+    """One round's distributions known on a few ids per position, plus the target's mass outside them.
+
+    The draft has no mass outside `ids` (it draws from its own top candidates), so on the rest of
+    the vocabulary the residual norm(max(0, target − draft)) is the target itself. The whole
+    outside is folded into one extra column; when the residual lands there, the emitted token is
+    `outside_tokens[i]`, a token drawn from the target restricted to outside the ids. That
+    composition samples the exact residual without knowing the target's full distribution.
+    """
+
+    ids: np.ndarray  # [k + 1, m] token ids per position; -1 pads unused columns
+    draft_probs: np.ndarray  # [k, m] the draft's probability of each id
+    target_probs: np.ndarray  # [k + 1, m] the target's processed probability of each id
+    outside_mass: np.ndarray  # [k + 1] the target's mass outside the ids
+    outside_tokens: np.ndarray  # [k + 1] a target token drawn from outside the ids; -1 if no mass
+
+
+def verify_on_support(draft_tokens: Sequence[int], support: KnownSupport, rng: np.random.Generator) -> RoundResult:
+    """verify() on the folded vocabulary (known ids + one outside column); returns real token ids."""
+    k = len(draft_tokens)
+    target = np.concatenate([support.target_probs, support.outside_mass[:, None]], axis=1)
+    draft = np.concatenate([support.draft_probs, np.zeros((k, 1))], axis=1)
+    columns = []
+    for position, token in enumerate(draft_tokens):
+        found = np.flatnonzero(support.ids[position] == token)
+        if found.size == 0:
+            raise ValueError(f"draft token {token} is not in the known ids of position {position}")
+        columns.append(int(found[0]))
+    folded = verify(columns, draft, target, rng)
+    row, column = folded.accepted, folded.next_token
+    outside_column = support.ids.shape[1]
+    token = int(support.outside_tokens[row]) if column == outside_column else int(support.ids[row, column])
+    # The outside column is chosen only with positive mass, and then a token was drawn there.
+    if token < 0:
+        raise ValueError(f"position {row}: the residual chose the outside but no outside token was drawn")
+    return RoundResult(folded.accepted, token, tuple(int(t) for t in draft_tokens))
+
+
+def truncate_to_top(probs: np.ndarray, size: int) -> np.ndarray:
+    """Keep the `size` most likely entries of a row and renormalise (a draft distribution with a small support)."""
+    row = np.asarray(probs, dtype=np.float64)
+    if np.count_nonzero(row) <= size:
+        return row
+    keep = np.argpartition(-row, size - 1)[:size]
+    kept = np.zeros_like(row)
+    kept[keep] = row[keep]
+    return kept / kept.sum()

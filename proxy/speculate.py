@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from proxy.draft import DraftModel
-from proxy.sampling import SamplerOrder, SamplingParams, one_hot, verify
-from proxy.targets import Target, Verification
+from proxy.draft import Draft, DraftModel
+from proxy.sampling import KnownSupport, SamplerOrder, SamplingParams, verify_on_support
+from proxy.targets import Target
+from proxy.targets.topn import support_from_top_n
 
 
 @dataclass
@@ -28,6 +29,7 @@ class RoundStats:
     accepted_per_position: list[int] = field(default_factory=list)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    max_tv_bound: float = 0.0  # bounded sampling: the largest per-token total-variation bound seen
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -58,12 +60,8 @@ class RoundStats:
             "alpha": round(alpha, 4) if alpha is not None else None,
             "tokens_per_round": round(tau, 3) if tau is not None else None,
             "draft_ms": round(self.draft_seconds * 1000, 1), "verify_ms": round(self.verify_seconds * 1000, 1),
+            "max_tv_bound": round(self.max_tv_bound, 6),
         }
-
-
-def target_probs_greedy(verification: Verification, vocab_size: int) -> np.ndarray:
-    """The target's greedy distribution at each position: one-hot at its argmax."""  # -> [k + 1, vocab]
-    return one_hot([p.argmax for p in verification.positions], vocab_size)
 
 
 @dataclass(frozen=True)
@@ -72,9 +70,21 @@ class RoundPlan:
 
     k: int
     params: SamplingParams
-    order: SamplerOrder
-    top_n: int
+    order: SamplerOrder  # the target's sampler order; the draft samples the same way
+    top_n: int  # candidates per position: the target's top-N, and the draft's support size
     client_headers: dict[str, str] | None = None
+
+
+async def score_round(target: Target, context: list[int], proposal: Draft, plan: RoundPlan,
+                      rng: np.random.Generator) -> tuple[KnownSupport, float]:
+    """One verification call, folded into what the sampler needs, with the round's error bound."""
+    if target.exact_support:
+        seed = int(rng.integers(2**63))  # the verifier's draws are reproducible from the request's seed
+        support = await target.verify_support(context, proposal.tokens, proposal.probs, plan.params, seed,
+                                              plan.client_headers)
+        return support, 0.0
+    verification = await target.verify(context, list(proposal.tokens), plan.top_n, plan.client_headers)
+    return support_from_top_n(verification, proposal.tokens, proposal.probs, plan.params, plan.order)
 
 
 async def speculative_tokens(
@@ -83,19 +93,22 @@ async def speculative_tokens(
 ) -> AsyncIterator[list[int]]:
     """Yield each round's emitted tokens until max_tokens or the end of generation."""
     context = list(prompt_ids)
-    vocab = draft.engine.n_vocab
     produced = 0
     while produced < max_tokens:
-        k = min(plan.k, max_tokens - produced - 1)  # a round emits up to k + 1 tokens
+        # A round emits up to k + 1 tokens; the last round still drafts one so every token goes
+        # through the sampler. Cutting a round's output short keeps it exact (each prefix follows
+        # the target's distribution).
+        remaining = max_tokens - produced
+        k = min(plan.k, max(remaining - 1, 1))
         started = time.perf_counter()
-        proposal = await draft.propose(context, k, plan.params, plan.order, rng)
+        proposal = await draft.propose(context, k, plan.params, plan.order, plan.top_n, rng)
         drafted_at = time.perf_counter()
-        verification = await target.verify(context, list(proposal.tokens), plan.top_n, plan.client_headers)
+        support, bound = await score_round(target, context, proposal, plan, rng)
         stats.draft_seconds += drafted_at - started
         stats.verify_seconds += time.perf_counter() - drafted_at
-        result = verify(np.array(proposal.tokens, dtype=np.int64), proposal.probs,
-                        target_probs_greedy(verification, vocab), rng)
-        emitted = list(result.emitted)
+        stats.max_tv_bound = max(stats.max_tv_bound, bound)
+        result = verify_on_support(proposal.tokens, support, rng)
+        emitted = list(result.emitted)[:remaining]
         stats.record(len(proposal), result.accepted, len(emitted))
         produced += len(emitted)
         yield emitted

@@ -9,7 +9,7 @@ from aiohttp import web
 from proxy.config import Config, Route
 from proxy.draft import DraftModel
 from proxy.targets import Target
-from proxy.tokenizer_check import TokenizerVerdict
+from proxy.tokenizer_check import TokenizerVerdict, check_tokenizer
 from proxy.upstream import Upstream
 
 
@@ -28,6 +28,14 @@ class RouteRuntime:
     def name(self) -> str:
         """The route's name from the config."""
         return self.route.name
+
+    async def inspect_upstream(self) -> TokenizerVerdict | None:
+        """Probe the target's capabilities and compare tokenizers (raises UpstreamError if unreachable)."""
+        if self.target is None or self.draft is None:
+            return None
+        await self.target.probe()
+        self.tokenizer = await check_tokenizer(self.draft.engine, self.upstream)
+        return self.tokenizer
 
 
 CONFIG = web.AppKey("config", Config)

@@ -11,7 +11,9 @@ import pytest
 from llama_cpp import Llama
 
 from proxy.verifier.generate import log_softmax
+from tests import greedy
 from tests import support as http
+from tests.greedy import batch_vs_sequential_gap
 from tests.conftest import SMOL, TARGET_QWEN, Process
 
 TOP_N = 20
@@ -34,25 +36,25 @@ def tokenize(verifier: Process, text: str) -> list[int]:
 
 
 def generate(verifier: Process, ids: list[int], start: int, *, top_n: int = TOP_N, max_new: int = 1) -> dict:
-    """A /generate call returning logprobs from `start` on."""
-    reply = http.post_json(verifier.url + "/generate", {
-        "input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "temperature": 0},
-        "return_logprob": True, "logprob_start_len": start, "top_logprobs_num": top_n})
-    assert reply.status == 200, reply.body
-    return reply.json()
+    """A greedy /generate call returning logprobs from `start` on."""
+    return greedy.generate(verifier.url, ids, start, top_n=top_n, max_new=max_new)
 
 
 def flush(verifier: Process, first_token: int) -> None:
-    """Leave the verifier's cache holding a sequence that shares no prefix with one starting at first_token."""
-    generate(verifier, [first_token + 1, 11, 12], 0, top_n=0, max_new=0)
+    """Make the next request to the verifier a cold one."""
+    greedy.flush(verifier.url, first_token)
 
 
-def reference_logprobs(reference: Llama, ids: list[int]) -> np.ndarray:
-    """Plain llama.cpp: evaluate ids in one batch with every row's logits."""  # -> [len(ids), vocab]
+def reference_logprobs(reference: Llama, ids: list[int], *, last_alone: bool = False) -> np.ndarray:
+    """Plain llama.cpp: evaluate ids with every row's logits, split as the verifier splits them."""
     reference.reset()
     reference._ctx.kv_cache_clear()
-    reference.eval(ids)
-    return log_softmax(reference.scores[: len(ids)])
+    if last_alone:  # the verifier evaluates the last token alone when only its row is asked for
+        reference.eval(ids[:-1])
+        reference.eval(ids[-1:])
+    else:
+        reference.eval(ids)
+    return log_softmax(reference.scores[: len(ids)])  # [len(ids), vocab]
 
 
 @pytest.mark.parametrize("where", ["zero", "middle", "last"])
@@ -62,7 +64,7 @@ def test_input_logprobs_equal_plain_llama_cpp(served: tuple[Process, Llama], whe
     start = {"zero": 0, "middle": len(ids) // 2, "last": len(ids) - 1}[where]
     flush(verifier, ids[0])
     meta = generate(verifier, ids, start)["meta_info"]
-    expected = reference_logprobs(reference, ids)
+    expected = reference_logprobs(reference, ids, last_alone=where == "last")
     actual = meta["input_token_logprobs"]
     assert len(actual) == len(ids) - start
     assert actual[0] == [None, ids[start], None]
@@ -128,20 +130,7 @@ def test_batch_versus_one_at_a_time_discrepancy_is_small(
 ) -> None:
     """Measure (and bound) how much batch shape moves logits: what greedy-identity tests must tolerate."""
     verifier, _ = served
-    ids = tokenize(verifier, CODE_PROMPT)
-    flush(verifier, ids[0])
-    batched = generate(verifier, ids, 0)["meta_info"]["input_top_logprobs"][1:]
-    flush(verifier, ids[0])
-    generate(verifier, ids[:1], 0, top_n=0, max_new=0)
-    worst = 0.0
-    for end in range(2, len(ids) + 1):  # each call evaluates exactly one new token
-        single = generate(verifier, ids[:end], end - 2)["meta_info"]["input_top_logprobs"][1]
-        batch_row = {e[1]: e[0] for e in batched[end - 2]}
-        best = single[0][1]
-        for logprob, token, _ in single:
-            if token in batch_row and best in batch_row:  # relative to the top token: a logit difference
-                moved = (logprob - single[0][0]) - (batch_row[token] - batch_row[best])
-                worst = max(worst, abs(moved))
+    worst = batch_vs_sequential_gap(verifier.url, tokenize(verifier, CODE_PROMPT))
     record_property("max_logit_gap_change", worst)
     print(f"batch vs one-at-a-time: max change of a logit gap = {worst:.4f}")
     assert worst < 5.0  # a broken KV reuse or position bug moves logits by far more

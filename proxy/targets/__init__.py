@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+
+from proxy.sampling import KnownSupport, SamplerOrder, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,19 @@ class Verification:
 
 class Target(Protocol):
     """What the round loop needs from a verification protocol."""
+
+    exact_support: bool  # True: verify_support() gives exact residual draws for any sampling parameters
+    order: SamplerOrder  # how the server turns logits into its sampling distribution
+
+    async def probe(self) -> dict:
+        """Learn the server's capabilities once at start-up."""
+        ...
+
+    async def verify_support(self, context: list[int], draft_tokens: Sequence[int], draft_probs: np.ndarray,
+                             params: SamplingParams, seed: int,
+                             client_headers: dict[str, str] | None = None) -> KnownSupport:
+        """Score the drafts with exact residual draws (only when exact_support)."""
+        ...
 
     async def verify(self, context: list[int], draft_tokens: list[int], top_n: int,
                      client_headers: dict[str, str] | None = None) -> Verification:

@@ -14,8 +14,11 @@ import numpy as np
 
 from proxy.errors import UpstreamUnavailableError
 from proxy.openai_wire import CHAT
+from proxy.sampling import KnownSupport, SamplerOrder, SamplingParams
 from proxy.targets import PositionLogprobs, Verification
-from proxy.upstream import Upstream
+from proxy.upstream import Upstream, UpstreamStatusError
+
+DRAFT_SUPPORT_EXTENSION = "draft_support_ids"
 
 
 def _top(entries: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -46,11 +49,70 @@ def parse_verification(answer: Any, draft_tokens: Sequence[int]) -> Verification
         raise UpstreamUnavailableError(f"upstream sent a malformed verification answer ({type(exc).__name__})") from exc
 
 
+def parse_support(answer: Any, draft_tokens: Sequence[int], support_ids: list[list[int]]) -> KnownSupport:
+    """Turn a /generate answer with `draft_support` into the sampler's KnownSupport."""
+    try:
+        extension = answer["meta_info"]["draft_support"]
+        bonus = int(answer["output_ids"][0])
+        k = len(draft_tokens)
+        width = max([len(ids) for ids in support_ids] + [1])
+        ids = np.full((k + 1, width), -1, dtype=np.int64)
+        target = np.zeros((k + 1, width))
+        for position, (row_ids, probs) in enumerate(zip(support_ids, extension["target_probs"], strict=True)):
+            ids[position, : len(row_ids)] = row_ids
+            target[position, : len(row_ids)] = probs
+        outside_mass = np.array([*map(float, extension["outside_mass"]), 1.0])  # the bonus row: all "outside"
+        outside_tokens = np.array([-1 if t is None else int(t) for t in extension["outside_tokens"]] + [bonus])
+        if outside_mass.size != k + 1 or outside_tokens.size != k + 1:
+            raise ValueError("draft_support has the wrong length")
+        return KnownSupport(ids, np.zeros((k, width)), target, outside_mass, outside_tokens)
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise UpstreamUnavailableError(f"upstream sent a malformed draft_support answer ({type(exc).__name__})") from exc
+
+
 class SGLangTarget:
     """Verification and tokenization against an SGLang-protocol server."""
 
     def __init__(self, upstream: Upstream) -> None:
         self.upstream = upstream
+        self.exact_support = False  # set by probe(): our verifier returns exact residual draws
+
+    @property
+    def order(self) -> SamplerOrder:
+        """How the server turns logits into its sampling distribution."""
+        # Our verifier samples like llama.cpp (proxy/verifier/generate.py); SGLang filters jointly
+        # after temperature (python/sglang/srt/layers/sampler.py).
+        return SamplerOrder.TRUNCATE_THEN_TEMPERATURE if self.exact_support else SamplerOrder.TEMPERATURE_THEN_JOINT_TRUNCATE
+
+    async def probe(self) -> dict[str, Any]:
+        """Read /get_model_info and learn whether the server offers the draft-support extension."""
+        try:
+            info = await self.upstream.get_json("/get_model_info")
+        except UpstreamStatusError:
+            return {}
+        if isinstance(info, dict):
+            self.exact_support = DRAFT_SUPPORT_EXTENSION in (info.get("speculoos_extensions") or [])
+            return info
+        return {}
+
+    async def verify_support(self, context: list[int], draft_tokens: Sequence[int], draft_probs: np.ndarray,
+                             params: SamplingParams, seed: int,
+                             client_headers: dict[str, str] | None = None) -> KnownSupport:
+        """One round through the draft-support extension: exact for any sampling parameters."""
+        support_ids = [np.flatnonzero(row).tolist() for row in draft_probs]
+        body = {
+            "input_ids": context + list(draft_tokens),
+            "sampling_params": {"max_new_tokens": 1, "temperature": params.temperature, "top_k": params.top_k or -1,
+                                "top_p": params.top_p, "min_p": params.min_p, "sampling_seed": seed},
+            "logprob_start_len": len(context) - 1,
+            DRAFT_SUPPORT_EXTENSION: support_ids,
+        }
+        answer = await self.upstream.post_json("/generate", body, client_headers=client_headers)
+        support = parse_support(answer, draft_tokens, support_ids)
+        draft = np.zeros_like(support.target_probs[:-1])
+        for position, row_ids in enumerate(support_ids):
+            draft[position, : len(row_ids)] = draft_probs[position, row_ids]
+        return KnownSupport(support.ids, draft, support.target_probs, support.outside_mass, support.outside_tokens)
 
     async def verify(self, context: list[int], draft_tokens: list[int], top_n: int,
                      client_headers: dict[str, str] | None = None) -> Verification:

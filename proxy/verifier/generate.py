@@ -5,6 +5,13 @@ Shapes follow SGLang's `GenerateReqInput` and its `meta_info` (see ../shared/gui
 `logprob_start_len + j`, entry 0 carrying a null logprob (nothing is scored against it here);
 `input_top_logprobs[j]` the top-N `[logprob, id, null]` lists, entry 0 null. Logprobs are raw
 log-softmax of the logits, no temperature. Only rows from `logprob_start_len` on are computed.
+
+Speculoos extension, `draft_support_ids` (one list of ids per draft token, the drafts being the
+last K input ids): for each draft position the answer's `meta_info.draft_support` gives the
+target's processed probabilities (under `sampling_params`, llama.cpp's sampler order) of those
+ids, its mass outside them, and one token drawn from the target restricted to outside them.
+With the generated token as the bonus sample, that is all an exact rejection sampler needs
+(see `proxy.sampling.KnownSupport`), in the same single round trip.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ class GenerateRequest:
     logprob_start_len: int
     top_logprobs_num: int
     seed: int | None
+    draft_support_ids: list[list[int]] | None = None
 
 
 def _int_field(obj: dict, name: str, default: int, low: int) -> int:
@@ -101,15 +109,30 @@ def parse_generate(body: Any) -> tuple[list[GenerateRequest], bool]:
     start = body.get("logprob_start_len", -1)
     if isinstance(start, bool) or not isinstance(start, int) or start < -1:
         raise BadRequestError("'logprob_start_len' must be an integer >= -1", param="logprob_start_len")
+    support = _parse_support(body.get("draft_support_ids"), batched)
     requests = []
     for ids, params in zip(sequences, per_sequence):
         max_new, sampling_params, seed = _parse_sampling(params)
         if start >= len(ids):
             raise BadRequestError(f"'logprob_start_len' {start} must be below the input length {len(ids)}",
                                   param="logprob_start_len")
-        requests.append(GenerateRequest(ids, max_new, sampling_params, return_logprob,
-                                        len(ids) - 1 if start == -1 else start, top_n, seed))
+        first_row = len(ids) - 1 if start == -1 else start
+        if support is not None and (len(support) >= len(ids) or first_row > len(ids) - len(support) - 1):
+            raise BadRequestError("'draft_support_ids' needs one list per draft token, all scored "
+                                  "(logprob_start_len <= len(input_ids) - K - 1)", param="draft_support_ids")
+        requests.append(GenerateRequest(ids, max_new, sampling_params, return_logprob, first_row, top_n, seed,
+                                        support))
     return requests, batched
+
+
+def _parse_support(value: Any, batched: bool) -> list[list[int]] | None:
+    if value is None:
+        return None
+    if batched:
+        raise BadRequestError("'draft_support_ids' takes a single sequence", param="draft_support_ids")
+    if not isinstance(value, list) or not all(_is_ids(ids) for ids in value):
+        raise BadRequestError("'draft_support_ids' must be a list of non-empty id lists", param="draft_support_ids")
+    return value
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -154,6 +177,8 @@ def run_generate(engine: LlamaEngine, req: GenerateRequest, rng: np.random.Gener
         meta["input_top_logprobs"] = [None] + [
             top_entries(logprobs[r], req.top_logprobs_num) for r in range(len(ids) - start - 1)
         ]
+    if req.draft_support_ids is not None:
+        meta["draft_support"] = _draft_support(engine, req, evaluation.logits, rng)
     output_ids, output_actual, output_top = [], [], []
     row, row_logprobs, context = evaluation.logits[-1], logprobs[-1], list(ids)
     finish: dict[str, Any] = {"type": "length", "length": req.max_new_tokens}
@@ -175,6 +200,28 @@ def run_generate(engine: LlamaEngine, req: GenerateRequest, rng: np.random.Gener
         meta["output_top_logprobs"] = output_top
     text = b"".join(engine.token_bytes(t) for t in output_ids).decode("utf-8", errors="replace")
     return {"text": text, "output_ids": output_ids, "meta_info": meta}
+
+
+def _draft_support(engine: LlamaEngine, req: GenerateRequest, logits: np.ndarray,
+                   rng: np.random.Generator) -> dict[str, list]:
+    """The target's processed probabilities on each draft support, its mass outside, and an outside draw."""
+    support = req.draft_support_ids or []
+    k = len(support)
+    if k == 0:  # a round without drafts: only the bonus sample is needed
+        return {"target_probs": [], "outside_mass": [], "outside_tokens": []}
+    first = len(req.input_ids) - k - 1 - req.logprob_start_len  # the row predicting the first draft
+    probs = processed_probs(logits[first : first + k], req.params, LLAMA_CPP_ORDER)  # [k, vocab]
+    target_probs, outside_mass, outside_tokens = [], [], []
+    for row, ids in zip(probs, support):
+        if max(ids) >= engine.n_vocab or min(ids) < 0:
+            raise BadRequestError("'draft_support_ids' holds an id outside the vocabulary", param="draft_support_ids")
+        target_probs.append([float(row[i]) for i in ids])
+        outside = row.copy()
+        outside[ids] = 0.0
+        mass = float(outside.sum())
+        outside_mass.append(mass)
+        outside_tokens.append(sample(outside, rng) if mass > 0.0 else None)
+    return {"target_probs": target_probs, "outside_mass": outside_mass, "outside_tokens": outside_tokens}
 
 
 def run_batch(engine: LlamaEngine, requests: Sequence[GenerateRequest]) -> list[dict[str, Any]]:

@@ -76,6 +76,7 @@ async def model_info(request: web.Request) -> web.Response:
         "bos_token_id": engine.special_ids["bos"],
         "eos_token_id": engine.special_ids["eos"],
         "max_model_len": engine.n_ctx,
+        "speculoos_extensions": ["draft_support_ids"],
     })
 
 

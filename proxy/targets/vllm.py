@@ -1,0 +1,181 @@
+"""The `vllm` protocol: vLLM's /v1/completions with prompt logprobs over a token-id prompt.
+
+One request per round: `prompt = context + drafts` (token ids, used verbatim), `max_tokens: 1`,
+temperature 0. vLLM scores every prompt position: entry 0 is null and entry j predicts token j,
+so entries L..L+K-1 score d_1..d_K; the one generated token is the bonus. Each entry holds the
+top-N plus the token that stands there, an extra entry when that token is outside the top-N.
+A request with prompt logprobs does not read vLLM's prefix cache: every round re-prefills the
+whole context (shared/guides/backends.md). Shapes: vllm/entrypoints/openai/completion/.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from proxy.errors import UpstreamUnavailableError
+from proxy.openai_wire import CHAT
+from proxy.sampling import KnownSupport, SamplerOrder, SamplingParams
+from proxy.targets import PositionLogprobs, Verification
+from proxy.upstream import Upstream, UpstreamStatusError
+
+CLAMPED_NEG_INF = -9999.0  # vLLM writes max(logprob, -9999.0): -inf does not survive JSON
+TOKEN_ID_PREFIX = "token_id:"  # output logprob keys with return_tokens_as_token_ids
+# More than any vocabulary: vLLM answers 400 "... greater than max allowed: N" (sampling_params.py).
+OVER_ANY_CAP = 1_000_000_000
+MAX_ALLOWED = re.compile(r"max allowed: (\d+)")
+# Chat-template settings vLLM's /tokenize shares with its chat endpoint (serve/tokenize/protocol.py).
+CHAT_TEMPLATE_KEYS = ("add_generation_prompt", "continue_final_message", "add_special_tokens",
+                      "chat_template", "chat_template_kwargs")
+
+
+@dataclass(frozen=True)
+class VLLMInfo:
+    """What probe() learns about the server."""
+
+    version: str
+    model: str
+    max_model_len: int
+    max_logprobs: int | None  # the --max-logprobs cap on top_n; None if the server did not say
+
+
+def _logprob(value: Any) -> float:
+    """A logprob from the wire, with vLLM's clamp undone."""
+    logprob = float(value)
+    return -np.inf if logprob <= CLAMPED_NEG_INF else logprob
+
+
+def _top(entries: Iterable[tuple[int, float]], top_n: int, actual: int) -> tuple[np.ndarray, np.ndarray]:
+    """Id and logprob arrays best first (ties to the lower id), without `actual` when it is an extra."""
+    pairs = dict(entries)
+    if len(pairs) > top_n:  # vLLM added the standing token beyond the top-N
+        pairs.pop(actual, None)
+    if not pairs:
+        raise UpstreamUnavailableError("upstream returned no top logprobs")
+    ids = np.fromiter(pairs.keys(), dtype=np.int64, count=len(pairs))
+    logprobs = np.fromiter(pairs.values(), dtype=np.float64, count=len(pairs))
+    order = np.lexsort((ids, -logprobs))
+    return ids[order], logprobs[order]
+
+
+def parse_verification(answer: Any, context_len: int, draft_tokens: Sequence[int], top_n: int) -> Verification:
+    """Turn a /v1/completions answer into per-position logprobs; raise on anything malformed."""
+    try:
+        choice = answer["choices"][0]
+        scored = choice["prompt_logprobs"][context_len:]
+        positions = []
+        for token, entry in zip(draft_tokens, scored, strict=True):
+            if str(token) not in entry:
+                raise UpstreamUnavailableError("upstream did not score the draft token")
+            pairs = ((int(key), _logprob(value["logprob"])) for key, value in entry.items())
+            ids, logprobs = _top(pairs, top_n, token)
+            positions.append(PositionLogprobs(token, _logprob(entry[str(token)]["logprob"]), ids, logprobs))
+        bonus = int(choice["token_ids"][0])
+        top = choice["logprobs"]["top_logprobs"][0]
+        pairs = ((int(key.removeprefix(TOKEN_ID_PREFIX)), _logprob(value)) for key, value in top.items())
+        ids, logprobs = _top(pairs, top_n, bonus)
+        positions.append(PositionLogprobs(None, None, ids, logprobs))
+        details = (answer.get("usage") or {}).get("prompt_tokens_details") or {}
+        return Verification(tuple(positions), bonus, int(details.get("cached_tokens") or 0))
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        raise UpstreamUnavailableError(f"upstream sent a malformed verification answer ({type(exc).__name__})") from exc
+
+
+def parse_max_logprobs(message: str) -> int | None:
+    """The cap from vLLM's "greater than max allowed: N" error, or None."""
+    match = MAX_ALLOWED.search(message)
+    return int(match.group(1)) if match else None
+
+
+class VLLMTarget:
+    """Verification and tokenization against a vLLM server."""
+
+    exact_support = False  # top-N only: no exact residual draws
+    order = SamplerOrder.TEMPERATURE_THEN_TRUNCATE  # vllm/v1/sample/sampler.py
+
+    def __init__(self, upstream: Upstream, model: str | None = None) -> None:
+        self.upstream = upstream
+        self.model = model  # the served model id; discovered from /v1/models when None
+        self._max_model_len: int | None = None
+
+    async def _model_card(self) -> dict[str, Any]:
+        """The first entry of /v1/models, remembered as model id and context size."""
+        answer = await self.upstream.get_json("/v1/models")
+        try:
+            card = answer["data"][0]
+            self.model = self.model or str(card["id"])
+            self._max_model_len = int(card["max_model_len"])
+            return card
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise UpstreamUnavailableError("upstream sent a malformed /v1/models answer") from exc
+
+    async def served_model(self) -> str:
+        """The model id to name in requests."""
+        if self.model is None:
+            await self._model_card()
+        return str(self.model)
+
+    async def context_size(self) -> int:
+        """The server's max_model_len."""
+        if self._max_model_len is None:
+            await self._model_card()
+        return int(self._max_model_len or 0)
+
+    async def probe(self) -> VLLMInfo:
+        """Version, model, context size and the --max-logprobs cap (from the error a huge request gets)."""
+        card = await self._model_card()
+        version = await self.upstream.get_json("/version")
+        body = {"model": await self.served_model(), "prompt": [0], "max_tokens": 1, "prompt_logprobs": OVER_ANY_CAP}
+        try:
+            await self.upstream.post_json("/v1/completions", body)
+            max_logprobs = None
+        except UpstreamStatusError as exc:
+            max_logprobs = parse_max_logprobs(exc.message)
+        try:
+            return VLLMInfo(str(version["version"]), str(self.model), int(card["max_model_len"]), max_logprobs)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UpstreamUnavailableError("upstream sent a malformed /version answer") from exc
+
+    async def verify_support(self, context: list[int], draft_tokens: Sequence[int], draft_probs: np.ndarray,
+                             params: SamplingParams, seed: int,
+                             client_headers: dict[str, str] | None = None) -> KnownSupport:
+        """Not offered by vLLM (exact_support is False)."""
+        raise NotImplementedError("vLLM returns top-N logprobs only; use verify()")
+
+    async def verify(self, context: list[int], draft_tokens: list[int], top_n: int,
+                     client_headers: dict[str, str] | None = None) -> Verification:
+        """Score the drafts and get the bonus position in one /v1/completions call."""
+        if top_n < 1:
+            raise ValueError("top_n must be at least 1: the argmax comes from the top list")
+        body = {
+            "model": await self.served_model(),
+            "prompt": context + list(draft_tokens),
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": top_n,
+            "logprobs": top_n,
+            "return_tokens_as_token_ids": True,
+            "return_token_ids": True,
+        }
+        answer = await self.upstream.post_json("/v1/completions", body, client_headers=client_headers)
+        return parse_verification(answer, len(context), draft_tokens, top_n)
+
+    async def prompt_ids(self, body: dict, kind: str, client_headers: dict[str, str] | None = None) -> tuple[list[int], int]:
+        """Prompt ids from the server's /tokenize (its own chat template), and its context size."""
+        if kind == CHAT:
+            request = {"messages": body["messages"], "add_generation_prompt": True, "add_special_tokens": False,
+                       **{key: body[key] for key in CHAT_TEMPLATE_KEYS if key in body}}
+        elif isinstance(body["prompt"], list):
+            return list(body["prompt"]), await self.context_size()
+        else:
+            request = {"prompt": body["prompt"], "add_special_tokens": body.get("add_special_tokens", True)}
+        request["model"] = await self.served_model()
+        answer = await self.upstream.post_json("/tokenize", request, client_headers=client_headers)
+        try:
+            return [int(t) for t in answer["tokens"]], int(answer["max_model_len"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UpstreamUnavailableError("upstream sent a malformed /tokenize answer") from exc
