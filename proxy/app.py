@@ -10,11 +10,14 @@ from aiohttp import web
 
 from proxy import api, models
 from proxy.config import Config, DraftConfig, Route
+from proxy.control import RouteController
 from proxy.draft import DraftModel
 from proxy.engine import EngineOptions
 from proxy.errors import UpstreamError
-from proxy.state import CONFIG, RUNTIMES, RouteRuntime
+from proxy.metrics import Metrics
+from proxy.state import CONFIG, METRICS, RUNTIMES, RouteRuntime
 from proxy.targets.sglang import SGLangTarget
+from proxy.targets.vllm import VLLMTarget
 from proxy.upstream import Timeouts, Upstream
 from proxy.web_errors import error_middleware
 
@@ -41,10 +44,13 @@ async def open_runtimes(config: Config, load_draft: DraftLoader) -> dict[str, Ro
     runtimes: dict[str, RouteRuntime] = {}
     drafts: dict[EngineOptions, DraftModel] = {}
     for route in config.routes:
-        runtime = RouteRuntime(route, make_upstream(route))
+        controller = RouteController(route.fallback, route.speculation.k)
+        runtime = RouteRuntime(route, make_upstream(route), controller)
         runtimes[route.name] = runtime
         if route.upstream.protocol == "sglang":
             runtime.target = SGLangTarget(runtime.upstream)
+        elif route.upstream.protocol == "vllm":
+            runtime.target = VLLMTarget(runtime.upstream, route.upstream.model)
         if route.draft is None or runtime.target is None:
             continue
         options = draft_options(route.draft)
@@ -75,6 +81,7 @@ def create_app(config: Config, *, load_draft: DraftLoader = DraftModel.load) -> 
     """The proxy application for a validated config."""
     app = web.Application(middlewares=[error_middleware], client_max_size=config.server.max_body_bytes)
     app[CONFIG] = config
+    app[METRICS] = Metrics()
 
     async def route_resources(app: web.Application) -> AsyncIterator[None]:
         app[RUNTIMES] = await open_runtimes(config, load_draft)
@@ -85,5 +92,7 @@ def create_app(config: Config, *, load_draft: DraftLoader = DraftModel.load) -> 
     app.router.add_post("/v1/chat/completions", api.chat_completions)
     app.router.add_post("/v1/completions", api.completions)
     app.router.add_get("/v1/models", api.list_models)
+    app.router.add_get("/metrics", api.metrics_endpoint)
+    app.router.add_get("/speculoos/status", api.status)
     app.router.add_route("*", "/{tail:.*}", api.passthrough_any)
     return app

@@ -134,9 +134,10 @@ def parse_generation_request(body: Any, kind: Literal["chat", "completion"]) -> 
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequestError("'model' must be a non-empty string", param="model")
+    legacy_max_tokens = _integer(body, "max_tokens", 1)
     max_tokens = _integer(body, "max_completion_tokens", 1)
     if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", 1)
+        max_tokens = legacy_max_tokens
     if max_tokens is None and kind == COMPLETION:
         max_tokens = LEGACY_DEFAULT_MAX_TOKENS
     stream = body.get("stream", False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Mapping
 
 from aiohttp import web
@@ -23,7 +25,7 @@ def forwardable(headers: Mapping[str, str]) -> dict[str, str]:
 
 
 async def forward(request: web.Request, upstream: Upstream, *, body: bytes | None = None,
-                  extra_headers: dict[str, str] | None = None) -> web.StreamResponse:
+                  extra_headers: dict[str, str] | None = None, meter: TokenMeter | None = None) -> web.StreamResponse:
     """Send the request on as it came (or with `body` instead) and stream the answer back."""
     headers = forwardable(request.headers)
     headers.update(upstream.auth_headers(headers))
@@ -36,15 +38,85 @@ async def forward(request: web.Request, upstream: Upstream, *, body: bytes | Non
         if "Content-Length" in answer.headers:
             response.content_length = int(answer.headers["Content-Length"])
         await response.prepare(request)
+        streaming = answer.content_type == "text/event-stream"
+        pending = b""  # SSE: the bytes of an event not yet complete; only whole events are forwarded
         try:
             async for chunk in iter_body(answer):
-                await response.write(chunk)
+                if meter is not None:
+                    meter.feed(chunk, time.perf_counter())
+                if streaming:
+                    complete, separator, pending = (pending + chunk).rpartition(b"\n\n")
+                    chunk = complete + separator
+                if chunk:
+                    await response.write(chunk)
+            if pending:
+                await response.write(pending)
         except UpstreamError as exc:
             # Bytes already reached the client: report in-band where the format allows it.
-            if answer.content_type == "text/event-stream":
+            if streaming:
                 await response.write(sse_event(exc.to_body()))
                 await response.write(SSE_DONE)
             else:
                 raise ConnectionResetError("upstream failed mid-body") from exc
         await response.write_eof()
     return response
+
+
+class TokenMeter:
+    """Watches a passthrough generation answer go by: completion tokens and their timing."""
+
+    MAX_JSON_BYTES = 4 << 20  # a non-streamed answer larger than this is not parsed
+
+    def __init__(self) -> None:
+        self.first_byte: float | None = None
+        self.last_byte: float | None = None
+        self._buffer = b""
+        self._content_chunks = 0
+        self._usage_tokens: int | None = None
+        self._streaming: bool | None = None
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        """One piece of the body as it is forwarded."""
+        self.first_byte = self.first_byte if self.first_byte is not None else now
+        self.last_byte = now
+        if self._streaming is None:
+            self._streaming = chunk.lstrip().startswith(b"data:")
+        if len(self._buffer) < self.MAX_JSON_BYTES:
+            self._buffer += chunk
+        if self._streaming:
+            *events, self._buffer = self._buffer.split(b"\n\n")
+            for event in events:
+                self._read_event(event)
+
+    def _read_event(self, event: bytes) -> None:
+        payload = event.strip()[len(b"data:"):].strip() if event.strip().startswith(b"data:") else b""
+        if not payload or payload == b"[DONE]":
+            return
+        try:
+            body = json.loads(payload)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return  # not ours to judge; the client gets the bytes as they are
+        if isinstance(body, dict):
+            self._count(body)
+
+    def _count(self, body: dict) -> None:
+        usage = body.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            self._usage_tokens = usage["completion_tokens"]
+        for choice in body.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+            if delta.get("content") or choice.get("text"):
+                self._content_chunks += 1
+
+    def completion_tokens(self) -> int | None:
+        """Tokens generated: the usage figure when given, else one per content chunk."""
+        if not self._streaming:
+            try:
+                body = json.loads(self._buffer)
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                return None
+            if isinstance(body, dict):
+                self._count(body)
+        return self._usage_tokens if self._usage_tokens is not None else self._content_chunks or None

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from proxy.config import Config, Route
+from proxy.control import RouteController
 from proxy.draft import DraftModel
+from proxy.metrics import Metrics
 from proxy.targets import Target
 from proxy.tokenizer_check import TokenizerVerdict, check_tokenizer
 from proxy.upstream import Upstream
@@ -19,6 +21,7 @@ class RouteRuntime:
 
     route: Route
     upstream: Upstream
+    controller: RouteController
     target: Target | None = None  # None: the protocol cannot verify (openai)
     draft: DraftModel | None = None
     tokenizer: TokenizerVerdict | None = None  # None until the check could reach the upstream
@@ -40,3 +43,4 @@ class RouteRuntime:
 
 CONFIG = web.AppKey("config", Config)
 RUNTIMES = web.AppKey("runtimes", dict)  # route name -> RouteRuntime
+METRICS = web.AppKey("metrics", Metrics)

@@ -55,8 +55,9 @@ class Upstream:
 
     def auth_headers(self, client_headers: Mapping[str, str] | None = None) -> dict[str, str]:
         """The client's Authorization if it sent one, else the route's key."""
-        if client_headers and "Authorization" in client_headers:
-            return {"Authorization": client_headers["Authorization"]}
+        for name, value in (client_headers or {}).items():
+            if name.lower() == "authorization":  # header names are case-insensitive (RFC 9110)
+                return {name: value}
         return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
 
     async def open(self, method: str, path: str, *, headers: Mapping[str, str], data: Any = None,

@@ -1,14 +1,16 @@
 """The proxy under bad input and failing upstreams, end to end: real processes, raw HTTP and the openai SDK.
 
-One proxy process (`faults`) serves one route per situation, chosen by the request's model name
-(no catch-all, so an unknown model is a 404; `max_body_bytes: 1024`). Its upstreams:
-- the real SmolLM2 verifier (`smol`, and `gemma`: a Gemma draft with a different vocabulary);
-- a dedicated verifier that one test kills mid-stream (`doomed`);
-- nothing at all (`down`, `keyed-down`);
-- a fake upstream: a real aiohttp app on a loopback port, run by its own event loop in a thread.
-  The first path segment of the route's URL picks its behaviour (`/stall`, `/notjson`, ...);
-  by default it relays to the real verifier and records what it was sent.
-Passthrough transparency is checked against the plain `smol_proxy` (a catch-all route).
+One proxy process (`faults`, `max_body_bytes: 1024`, no catch-all route, so an unknown model is a
+404) has one route per situation; the request's model name picks it. Upstreams:
+- `smol`, `gemma`: a SmolLM2 verifier of this module's own; `gemma` drafts with Gemma (another
+  vocabulary), so it must refuse to speculate;
+- `doomed`: a second verifier, killed by one test while it streams;
+- `down`, `keyed-down`: nothing listening;
+- everything else: a fake upstream, a real aiohttp app on a loopback port run by its own event
+  loop in a thread. The route URL's first path segment names its behaviour (`/stall`, `/notjson`,
+  `/drop`, ... see `fake_handler`); by default it relays to the verifier, and it records every
+  request it gets (`FakeUpstream.seen`).
+Passthrough transparency is checked against the session's plain `smol_proxy` (a catch-all route).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from http.client import HTTPConnection
+from http.client import HTTPConnection, HTTPResponse
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -37,6 +40,8 @@ CLIENT_KEY = "sk-secret-123"
 ROUTE_KEY_ENV = "SPECULOOS_TEST_ROUTE_KEY"
 ROUTE_KEY = "sk-route-7f3a9c2e-never-logged"
 FIRST_BYTE_S = 1.0  # the stall route's timeouts.first_byte
+STALLGEN_FIRST_BYTE_S = 2.0  # the stallgen route's (its start-up tokenizer check must fit in it)
+IDLE_S = 1.0  # the stallmid route's timeouts.idle
 STALL_S = 30.0  # how long the fake stalls (it is cancelled when the proxy gives up)
 BIG_CTX = 32768  # the context the `bigctx` fake claims, larger than the draft's 4096
 MAX_BODY = 1024
@@ -44,6 +49,8 @@ MAX_BODY = 1024
 # when another process holds the other core, and a 2-token request then takes seconds, not 0.1 s.
 THREADS = 1
 MODE_HEADER = "x-speculoos-mode"
+SPECULATE = {"X-Speculoos": "on"}  # speculate whatever the route's controller would decide
+PASS = {"X-Speculoos": "off"}
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 ERROR_KEYS = {"message", "type", "param", "code"}
 CHAT_PATH, COMPLETIONS_PATH = "/v1/chat/completions", "/v1/completions"
@@ -54,17 +61,24 @@ CHAT_PATH, COMPLETIONS_PATH = "/v1/chat/completions", "/v1/completions"
 
 @dataclass(frozen=True)
 class Seen:
-    """One request the fake upstream received."""
+    """One request the fake upstream received (or, with path "cancelled", noticed its client leave)."""
 
     mode: str
     path: str  # after the mode prefix
-    authorization: list[str]  # every Authorization header, in order
+    headers: dict[str, list[str]]  # lower-case name -> every value, in order
     body: Any  # decoded JSON, or None
+
+    @property
+    def authorization(self) -> list[str]:
+        return self.headers.get("authorization", [])
 
 
 SEEN = web.AppKey("seen", list)
 VERIFIER = web.AppKey("verifier", str)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
+UPSTREAM_HEADER = "X-Fake-Upstream"  # set on every relayed answer
+FLAKY_AT = 40  # the `flaky` fake fails every /generate with more input ids than this
+RETRY_AFTER = "7"
 
 
 def _chunk(delta: dict) -> dict:
@@ -79,15 +93,22 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
-async def _record(request: web.Request) -> tuple[str, str, bytes]:
+def _headers(request: web.Request) -> dict[str, list[str]]:
+    headers: dict[str, list[str]] = {}
+    for name, value in request.headers.items():
+        headers.setdefault(name.lower(), []).append(value)
+    return headers
+
+
+async def _record(request: web.Request) -> tuple[str, str, bytes, Any]:
     mode, tail = request.match_info["mode"], "/" + request.match_info["tail"]
     raw = await request.read()
     try:
         body = json.loads(raw) if raw else None
     except ValueError:
         body = None
-    request.app[SEEN].append(Seen(mode, tail, request.headers.getall("Authorization", []), body))
-    return mode, tail, raw
+    request.app[SEEN].append(Seen(mode, tail, _headers(request), body))
+    return mode, tail, raw, body
 
 
 async def _relay(request: web.Request, tail: str, raw: bytes) -> tuple[int, str, Any]:
@@ -99,49 +120,68 @@ async def _relay(request: web.Request, tail: str, raw: bytes) -> tuple[int, str,
         return answer.status, answer.content_type, body
 
 
-async def _drop_after(request: web.Request, chunks: list[bytes]) -> web.StreamResponse:
-    """Start an SSE answer, send `chunks`, then close the socket without ending the chunked body."""
+async def _sse_then(request: web.Request, chunks: list[bytes], *, then: str) -> web.StreamResponse:
+    """Start an SSE answer, send `chunks`, then `drop` the socket (no terminating chunk), go `silent`,
+    or keep sending chunks `forever` (recording when the client goes away)."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     for chunk in chunks:
         await response.write(chunk)
-    await asyncio.sleep(0.05)
-    assert request.transport is not None
-    request.transport.close()  # flushes what was written, then FIN: no terminating chunk
-    await asyncio.sleep(STALL_S)  # cancelled by the disconnect
+    try:
+        if then == "drop":
+            await asyncio.sleep(0.05)
+            assert request.transport is not None
+            request.transport.close()  # flushes what was written, then FIN
+        while then == "forever":
+            await asyncio.sleep(0.05)
+            await response.write(_sse(_chunk({"content": " more"})))
+        await asyncio.sleep(STALL_S)  # silent; cancelled when the peer disconnects
+    except (asyncio.CancelledError, ConnectionError):
+        request.app[SEEN].append(Seen(request.match_info["mode"], "cancelled", {}, None))
+        raise
     return response
 
 
 async def fake_handler(request: web.Request) -> web.StreamResponse:
     """Every path: behave as the mode says, else relay to the verifier."""
-    mode, tail, raw = await _record(request)
-    if mode == "stall":
+    mode, tail, raw, body = await _record(request)
+    if mode == "stall" or (mode == "stallgen" and tail == "/generate"):
         await asyncio.sleep(STALL_S)
-    if tail == "/v1/chat/completions" and mode == "drop":
-        return await _drop_after(request, [_sse(c) for c in DROP_CHUNKS])
-    if tail == "/v1/chat/completions" and mode == "dropmid":  # dies in the middle of the third event
-        return await _drop_after(request, [_sse(c) for c in DROP_CHUNKS] + [_sse(_chunk({"content": " wor"}))[:25]])
-    if tail == "/v1/chat/completions" and mode == "bigctx":
-        body = json.loads(raw)
-        return web.json_response({"id": "chatcmpl-echo", "object": "chat.completion", "created": 1,
-                                  "model": body.get("model"), "usage": {"prompt_tokens": 1, "completion_tokens": 1,
-                                                                        "total_tokens": 2},
-                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": "echo"},
-                                               "logprobs": None, "finish_reason": "stop"}]})
-    if tail == "/generate" and mode == "notjson":
-        return web.Response(text="<html><body>502 Bad Gateway</body></html>", content_type="application/json")
-    if tail == "/generate" and mode.startswith("badshape"):
-        return web.json_response({"text": "", "output_ids": [], "meta_info": {"input_token_logprobs": "?",
-                                                                              "draft_support": 7}})
-    status, content_type, body = await _relay(request, tail, raw)
-    if isinstance(body, bytes):
-        return web.Response(body=body, status=status, content_type=content_type)
-    if tail in ("/get_model_info", "/tokenize") and isinstance(body, dict):
-        if mode.endswith("-topn"):  # a stock SGLang server: no draft-support extension
-            body.pop("speculoos_extensions", None)
+    if tail == CHAT_PATH:
+        two = [_sse(c) for c in DROP_CHUNKS]
+        if mode == "drop":
+            return await _sse_then(request, two, then="drop")
+        if mode == "dropmid":  # dies in the middle of the third event
+            return await _sse_then(request, two + [_sse(_chunk({"content": " wor"}))[:25]], then="drop")
+        if mode == "stallmid":
+            return await _sse_then(request, two, then="silent")
+        if mode == "endless":
+            return await _sse_then(request, two, then="forever")
+        if mode == "ratelimit":
+            error = {"error": {"message": "slow down", "type": "rate_limit_error", "param": None, "code": 429}}
+            return web.json_response(error, status=429, headers={"Retry-After": RETRY_AFTER})
         if mode == "bigctx":
-            body["max_model_len"] = BIG_CTX
-    return web.json_response(body, status=status)
+            return web.json_response({"id": "chatcmpl-echo", "object": "chat.completion", "created": 1,
+                                      "model": body.get("model"), "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                                                                            "total_tokens": 2},
+                                      "choices": [{"index": 0, "message": {"role": "assistant", "content": "echo"},
+                                                   "logprobs": None, "finish_reason": "stop"}]})
+    if tail == "/generate":
+        if mode == "notjson" or (mode == "flaky" and len(body["input_ids"]) > FLAKY_AT):
+            return web.Response(text="<html><body>502 Bad Gateway</body></html>", content_type="application/json")
+        if mode.startswith("badshape"):
+            return web.json_response({"text": "", "output_ids": [], "meta_info": {"input_token_logprobs": "?",
+                                                                                  "draft_support": 7}})
+    status, content_type, answer = await _relay(request, tail, raw)
+    headers = {UPSTREAM_HEADER: mode}
+    if isinstance(answer, bytes):
+        return web.Response(body=answer, status=status, content_type=content_type, headers=headers)
+    if tail in ("/get_model_info", "/tokenize") and isinstance(answer, dict):
+        if mode.endswith("-topn"):  # a stock SGLang server: no draft-support extension
+            answer.pop("speculoos_extensions", None)
+        if mode == "bigctx":
+            answer["max_model_len"] = BIG_CTX
+    return web.json_response(answer, status=status, headers=headers)
 
 
 def fake_app(verifier_url: str) -> web.Application:
@@ -149,7 +189,7 @@ def fake_app(verifier_url: str) -> web.Application:
     app[SEEN] = []
     app[VERIFIER] = verifier_url
 
-    async def session(app: web.Application) -> Iterator[None]:
+    async def session(app: web.Application) -> AsyncIterator[None]:
         app[SESSION] = aiohttp.ClientSession()
         yield
         await app[SESSION].close()
@@ -252,6 +292,12 @@ def faults(verifier: Process, doomed_verifier: Process, fake: FakeUpstream, log_
         _route("down", nothing),
         _route("keyed-down", nothing, **key),
         _route("stall", f"{fake.url}/stall", timeouts={"first_byte": FIRST_BYTE_S}),
+        _route("stallgen", f"{fake.url}/stallgen", draft=SMOL, timeouts={"first_byte": STALLGEN_FIRST_BYTE_S}),
+        _route("stallmid", f"{fake.url}/stallmid", timeouts={"idle": IDLE_S}),
+        _route("flaky", f"{fake.url}/flaky", draft=SMOL),
+        _route("relay", f"{fake.url}/relay", draft=SMOL),
+        _route("endless", f"{fake.url}/endless"),
+        _route("ratelimit", f"{fake.url}/ratelimit"),
         _route("notjson", f"{fake.url}/notjson", draft=SMOL),
         _route("badshape", f"{fake.url}/badshape", draft=SMOL),
         _route("badshape-topn", f"{fake.url}/badshape-topn", draft=SMOL),
@@ -261,13 +307,29 @@ def faults(verifier: Process, doomed_verifier: Process, fake: FakeUpstream, log_
         _route("keyed-spec", f"{fake.url}/keyed-spec", draft=SMOL, **key),
         _route("public-name", f"{fake.url}/bigctx", draft=SMOL, upstream={"model": "internal-name"}),
     ]
-    path = log_dir / "faults.yaml"
-    path.write_text(yaml.safe_dump({"server": {"max_body_bytes": MAX_BODY}, "routes": routes}, sort_keys=False))
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv(ROUTE_KEY_ENV, ROUTE_KEY)
-        process = start_proxy(path, log_dir)
+    process = _start_proxy(log_dir / "faults.yaml", routes)
     yield process
     process.stop()
+
+
+@pytest.fixture(scope="module")
+def pure_python_proxy(fake: FakeUpstream, log_dir: Path) -> Iterator[Process]:
+    """A proxy on aiohttp's pure-Python HTTP parser (used where its C extension is not available),
+    which keeps header names as the client spelled them."""
+    key = {"upstream": {"api_key": "${env.%s}" % ROUTE_KEY_ENV}}
+    routes = [_route("keyed", f"{fake.url}/keyed", **key),
+              _route("keyed-spec", f"{fake.url}/keyed-spec", draft=SMOL, **key)]
+    process = _start_proxy(log_dir / "pure-python.yaml", routes, AIOHTTP_NO_EXTENSIONS="1")
+    yield process
+    process.stop()
+
+
+def _start_proxy(path: Path, routes: list[dict[str, Any]], **environ: str) -> Process:
+    path.write_text(yaml.safe_dump({"server": {"max_body_bytes": MAX_BODY}, "routes": routes}, sort_keys=False))
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in {ROUTE_KEY_ENV: ROUTE_KEY, **environ}.items():
+            env.setenv(name, value)
+        return start_proxy(path, path.parent)
 
 
 # -- helpers ----------------------------------------------------------------------------------------
@@ -301,12 +363,12 @@ def assert_still_serving(proxy: Process, *, passthrough: bool = True) -> None:
     models = http.get(proxy.url + "/v1/models", timeout=30)
     assert models.status == 200 and models.json()["object"] == "list"
     tiny = {"model": "smol", "prompt": "Hi", "max_tokens": 2, "temperature": 0}
-    reply = http.post_json(proxy.url + COMPLETIONS_PATH, tiny, timeout=120)
+    reply = http.post_json(proxy.url + COMPLETIONS_PATH, tiny, headers=SPECULATE, timeout=120)
     assert reply.status == 200, reply.body[:500]
     assert reply.headers[MODE_HEADER] == "speculative"
     assert reply.json()["choices"][0]["finish_reason"] in ("stop", "length")
     if passthrough:
-        reply = http.post_json(proxy.url + COMPLETIONS_PATH, tiny, headers={"X-Speculoos": "off"}, timeout=120)
+        reply = http.post_json(proxy.url + COMPLETIONS_PATH, tiny, headers=PASS, timeout=120)
         assert reply.status == 200, reply.body[:500]
         assert reply.headers[MODE_HEADER] == "passthrough"
 
@@ -330,6 +392,7 @@ def log_events(process: Process) -> list[dict[str, Any]]:
 
 
 # -- bad input --------------------------------------------------------------------------------------
+
 
 def _json(obj: Any) -> bytes:
     return json.dumps(obj).encode()
@@ -377,6 +440,25 @@ def test_bad_input_gets_an_openai_error(faults: Process, path: str, raw: bytes, 
     if "context" in (message or ""):
         assert error["code"] == "context_length_exceeded"
     assert_still_serving(faults, passthrough=False)
+
+
+BAD_CONTROL = [
+    # (id, headers, body fields): the per-request speculation control, spelled wrong
+    ("header value unknown", {"X-Speculoos": "sometimes"}, {}),
+    ("header k out of range", {"X-Speculoos": "k=99"}, {}),
+    ("header k not a number", {"X-Speculoos": "k=four"}, {}),
+    ("field not an object", {}, {"speculoos": "on"}),
+    ("field mode unknown", {}, {"speculoos": {"mode": "fast"}}),
+    ("field key unknown", {}, {"speculoos": {"mode": "on", "draft": "x"}}),
+    ("field k zero", {}, {"speculoos": {"k": 0}}),
+]
+
+
+@pytest.mark.parametrize("headers, fields", [pytest.param(*case[1:], id=case[0]) for case in BAD_CONTROL])
+def test_bad_speculation_control_gets_an_openai_error(faults: Process, headers: dict, fields: dict) -> None:
+    reply = http.post_json(faults.url + CHAT_PATH, chat_body("smol", **fields), headers=headers, timeout=60)
+    error = assert_openai_error(reply, 400, error_type="invalid_request_error")
+    assert "speculoos" in error["message"].lower()
 
 
 SDK_BAD_INPUT = [
@@ -440,14 +522,97 @@ def test_upstream_stall_is_a_504_within_first_byte(faults: Process) -> None:
     assert_still_serving(faults)
 
 
-@pytest.mark.parametrize("model", ["notjson", "badshape", "badshape-topn"])
+FIRST_ROUND_FAULTS = [
+    # (model, status, error type)
+    ("notjson", 502, "upstream_error"),  # /generate answers HTML with a JSON content type
+    ("badshape", 502, "upstream_error"),  # valid JSON, wrong shape (draft-support answer)
+    ("badshape-topn", 502, "upstream_error"),  # valid JSON, wrong shape (stock top-N answer)
+    ("stallgen", 504, "timeout"),  # /generate never answers
+]
+
+
+@pytest.mark.parametrize("model, status, error_type", FIRST_ROUND_FAULTS, ids=[c[0] for c in FIRST_ROUND_FAULTS])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-def test_garbage_from_generate_is_a_502(faults: Process, fake: FakeUpstream, model: str, stream: bool) -> None:
-    """The first round fails before any byte is sent: a real HTTP 502, even for a stream."""
-    reply = http.post_json(faults.url + CHAT_PATH, chat_body(model, max_tokens=8, stream=stream), timeout=60)
-    assert_openai_error(reply, 502, error_type="upstream_error")
+def test_speculative_first_round_fault_is_an_http_error(faults: Process, fake: FakeUpstream, model: str, status: int,
+                                                        error_type: str, stream: bool) -> None:
+    """The first round fails before any byte is sent: a real HTTP error status, even for a stream."""
+    reply = http.post_json(faults.url + CHAT_PATH, chat_body(model, max_tokens=8, stream=stream), headers=SPECULATE,
+                           timeout=60)
+    assert_openai_error(reply, status, error_type=error_type)
     assert any(s.path == "/generate" for s in fake.seen(model)), "the request was speculative"
     assert_still_serving(faults, passthrough=False)
+
+
+def test_speculative_fault_after_the_first_round(faults: Process, fake: FakeUpstream) -> None:
+    """/generate breaks once the sequence passes FLAKY_AT ids: in-band for a stream, a 502 for JSON."""
+    body = {"model": "flaky", "prompt": "1, 2, 3,", "max_tokens": 200, "temperature": 0}
+    reply = http.post_json(faults.url + COMPLETIONS_PATH, {**body, "stream": True}, headers=SPECULATE, timeout=60)
+    assert reply.status == 200 and reply.headers[MODE_HEADER] == "speculative"
+    events = reply.events()
+    assert events[-1] == "[DONE]"
+    assert set(events[-2]) == {"error"} and events[-2]["error"]["type"] == "upstream_error"
+    chunks = events[:-2]
+    assert chunks and all(c["choices"][0]["finish_reason"] is None for c in chunks)
+    assert "".join(c["choices"][0]["text"] for c in chunks)
+    assert max(len(s.body["input_ids"]) for s in fake.seen("flaky") if s.path == "/generate") > FLAKY_AT
+    reply = http.post_json(faults.url + COMPLETIONS_PATH, body, headers=SPECULATE, timeout=60)
+    assert_openai_error(reply, 502, error_type="upstream_error")
+    assert_still_serving(faults, passthrough=False)
+
+
+def test_passthrough_stream_that_goes_silent_ends_in_band(faults: Process) -> None:
+    """The upstream stops sending mid-stream: after timeouts.idle, an error event and [DONE]."""
+    started = time.monotonic()
+    reply = http.post_json(faults.url + CHAT_PATH, chat_body("stallmid", stream=True), timeout=30)
+    elapsed = time.monotonic() - started
+    assert reply.status == 200
+    events = reply.events()
+    assert events[:2] == DROP_CHUNKS
+    assert events[2:3] and set(events[2]) == {"error"} and events[2]["error"]["type"] == "timeout"
+    assert events[3:] == ["[DONE]"]
+    assert IDLE_S * 0.9 <= elapsed < IDLE_S + 4.0, elapsed
+
+
+@contextmanager
+def streaming(proxy: Process, path: str, body: dict, headers: dict[str, str] | None = None) -> Iterator[HTTPResponse]:
+    """POST `body` and hand over the response unread, to read as it arrives; hang up on exit."""
+    parts = urlsplit(proxy.url)
+    connection = HTTPConnection(parts.hostname, parts.port, timeout=120)
+    response = None
+    try:
+        connection.request("POST", path, body=json.dumps(body),
+                           headers={"Content-Type": "application/json", **(headers or {})})
+        response = connection.getresponse()
+        yield response
+    finally:
+        if response is not None:
+            response.close()
+        connection.close()
+
+
+def _read_first_chunk_then_hang_up(proxy: Process, path: str, body: dict, headers: dict[str, str]) -> None:
+    with streaming(proxy, path, body, headers) as response:
+        assert response.status == 200
+        assert response.readline().startswith(b"data: {")
+
+
+def test_client_disconnect_stops_the_speculative_rounds(faults: Process, fake: FakeUpstream) -> None:
+    body = {"model": "relay", "prompt": "1, 2, 3,", "max_tokens": 1500, "temperature": 0, "stream": True}
+    _read_first_chunk_then_hang_up(faults, COMPLETIONS_PATH, body, SPECULATE)
+    time.sleep(1.0)
+    rounds = len([s for s in fake.seen("relay") if s.path == "/generate"])
+    time.sleep(1.5)
+    assert len([s for s in fake.seen("relay") if s.path == "/generate"]) == rounds
+    assert rounds < 50  # a 1500-token generation would have gone on for hundreds of rounds
+    assert_still_serving(faults, passthrough=False)
+
+
+def test_client_disconnect_closes_the_passthrough_upstream(faults: Process, fake: FakeUpstream) -> None:
+    _read_first_chunk_then_hang_up(faults, CHAT_PATH, chat_body("endless", stream=True), {})
+    deadline = time.monotonic() + 5
+    while not any(s.path == "cancelled" for s in fake.seen("endless")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert any(s.path == "cancelled" for s in fake.seen("endless")), "the upstream stream was left running"
 
 
 DROP_CASES = ["drop", "dropmid"]
@@ -485,13 +650,11 @@ def test_speculative_stream_whose_verifier_dies(faults: Process, doomed_verifier
     """Kill the verifier while a long speculative stream is in flight: error event, then [DONE]."""
     body = {"model": "doomed", "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 1500, "temperature": 0,
             "stream": True}
-    parts = urlsplit(faults.url)
-    connection = HTTPConnection(parts.hostname, parts.port, timeout=120)
-    try:
-        connection.request("POST", COMPLETIONS_PATH, body=json.dumps(body), headers={"Content-Type": "application/json"})
-        response = connection.getresponse()
+    with streaming(faults, COMPLETIONS_PATH, body, SPECULATE) as response:
         assert response.status == 200
         assert response.getheader(MODE_HEADER) == "speculative"
+        assert response.getheader("Content-Type").startswith("text/event-stream")
+        assert response.getheader("Cache-Control") == "no-cache" and response.getheader("X-Accel-Buffering") == "no"
         before = b""
         while b'"text":"' not in before.replace(b'"text":""', b""):  # wait for the first real text
             line = response.readline()
@@ -500,8 +663,6 @@ def test_speculative_stream_whose_verifier_dies(faults: Process, doomed_verifier
         doomed_verifier.popen.kill()
         doomed_verifier.popen.wait(10)
         rest = response.read()
-    finally:
-        connection.close()
     events = http.sse_events(before + rest)
     assert events[-1] == "[DONE]"
     error = events[-2]
@@ -512,7 +673,8 @@ def test_speculative_stream_whose_verifier_dies(faults: Process, doomed_verifier
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
     assert "".join(c["choices"][0]["text"] for c in chunks)
     # The dead route now fails fast and cleanly; the others still work.
-    reply = http.post_json(faults.url + COMPLETIONS_PATH, {**body, "stream": False, "max_tokens": 4}, timeout=30)
+    reply = http.post_json(faults.url + COMPLETIONS_PATH, {**body, "stream": False, "max_tokens": 4},
+                           headers=SPECULATE, timeout=30)
     assert_openai_error(reply, 502, error_type="upstream_error")
     assert_still_serving(faults)
 
@@ -521,7 +683,7 @@ def test_speculative_stream_whose_verifier_dies(faults: Process, doomed_verifier
 
 
 def test_client_key_is_forwarded_but_never_logged(faults: Process, fake: FakeUpstream) -> None:
-    auth = {"Authorization": f"Bearer {CLIENT_KEY}"}
+    auth = {"Authorization": f"Bearer {CLIENT_KEY}", **SPECULATE}
     for model, fields in [("smol", {}), ("smol", {"temperature": 0.7}), ("down", {}), ("notjson", {}),
                           ("keyed", {}), ("keyed-spec", {}), ("gpt-4o", {})]:
         http.post_json(faults.url + CHAT_PATH, chat_body(model, **fields), headers=auth, timeout=60)
@@ -540,7 +702,7 @@ def test_route_key_is_sent_but_never_logged(faults: Process, fake: FakeUpstream)
     assert reply.status == 200, reply.body[:300]
     assert reply.headers[MODE_HEADER] == "passthrough"
     assert fake.seen("keyed")[-1].authorization == [f"Bearer {ROUTE_KEY}"]
-    reply = http.post_json(faults.url + CHAT_PATH, chat_body("keyed-spec"), timeout=60)
+    reply = http.post_json(faults.url + CHAT_PATH, chat_body("keyed-spec"), headers=SPECULATE, timeout=60)
     assert reply.status == 200 and reply.headers[MODE_HEADER] == "speculative", reply.body[:300]
     assert {tuple(s.authorization) for s in fake.seen("keyed-spec")[count:] if s.path == "/generate"} == {
         (f"Bearer {ROUTE_KEY}",)}
@@ -551,12 +713,14 @@ def test_route_key_is_sent_but_never_logged(faults: Process, fake: FakeUpstream)
 
 @pytest.mark.parametrize("header", ["authorization", "AUTHORIZATION"])
 @pytest.mark.parametrize("model", ["keyed", "keyed-spec"], ids=["passthrough", "speculative"])
-def test_client_key_in_any_header_case_replaces_the_route_key(faults: Process, fake: FakeUpstream, header: str,
-                                                               model: str) -> None:
+@pytest.mark.parametrize("proxy_name", ["faults", "pure_python_proxy"], ids=["c-parser", "pure-python-parser"])
+def test_client_key_in_any_header_case_replaces_the_route_key(request: pytest.FixtureRequest, fake: FakeUpstream,
+                                                               proxy_name: str, header: str, model: str) -> None:
     """HTTP header names are case-insensitive (RFC 9110 §5.1); HTTP/2 and Node clients send them lowercase."""
+    proxy: Process = request.getfixturevalue(proxy_name)
     count = len(fake.seen(model))
-    reply = http.post_json(faults.url + CHAT_PATH, chat_body(model), headers={header: f"Bearer {CLIENT_KEY}"},
-                           timeout=60)
+    headers = {header: f"Bearer {CLIENT_KEY}", **SPECULATE}
+    reply = http.post_json(proxy.url + CHAT_PATH, chat_body(model), headers=headers, timeout=60)
     assert reply.status == 200, reply.body[:300]
     upstream_calls = [s for s in fake.seen(model)[count:] if s.path in (CHAT_PATH, "/tokenize", "/generate")]
     assert upstream_calls
@@ -591,9 +755,9 @@ def test_tokenizer_mismatch_passes_through_with_the_verifiers_own_output(faults:
 
 
 @pytest.mark.parametrize("why, fields, headers", [
-    ("client opted out", {}, {"X-Speculoos": "off"}),
-    ("parameters only the upstream can honour", {"presence_penalty": 0.5}, {}),
-    ("prompt + max_tokens exceed the draft's context", {"max_tokens": 5000}, {}),
+    ("client opted out", {}, PASS),
+    ("parameters only the upstream can honour", {"presence_penalty": 0.5}, SPECULATE),
+    ("prompt + max_tokens exceed the draft's context", {"max_tokens": 5000}, SPECULATE),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_every_passthrough_renames_the_model(faults: Process, fake: FakeUpstream, why: str, fields: dict,
                                              headers: dict) -> None:
@@ -609,6 +773,29 @@ def test_every_passthrough_renames_the_model(faults: Process, fake: FakeUpstream
 
 # -- passthrough transparency -----------------------------------------------------------------------
 
+
+def test_upstream_error_status_passes_through(faults: Process) -> None:
+    reply = http.post_json(faults.url + CHAT_PATH, chat_body("ratelimit"), timeout=30)
+    error = assert_openai_error(reply, 429, error_type="rate_limit_error", message="slow down")
+    assert error["code"] == 429
+    assert reply.headers["retry-after"] == RETRY_AFTER
+    assert reply.headers[MODE_HEADER] == "passthrough"
+
+
+def test_headers_pass_through_both_ways_except_hop_by_hop(faults: Process, fake: FakeUpstream) -> None:
+    sent = {"X-Request-Id": "req-42", "OpenAI-Organization": "org-7", "User-Agent": "speculoos-test/1",
+            "Proxy-Authorization": "Basic cHJveHk6cHc=", "TE": "trailers"}
+    reply = http.post_json(faults.url + CHAT_PATH, chat_body("keyed", temperature=0.7), headers=sent, timeout=60)
+    assert reply.status == 200, reply.body[:300]
+    assert reply.headers[MODE_HEADER] == "passthrough"
+    assert reply.headers[UPSTREAM_HEADER.lower()] == "keyed"  # the upstream's own header came back
+    seen = [s for s in fake.seen("keyed") if s.path == CHAT_PATH][-1].headers
+    for name in ("X-Request-Id", "OpenAI-Organization", "User-Agent"):
+        assert seen.get(name.lower()) == [sent[name]], name
+    assert "proxy-authorization" not in seen and "te" not in seen
+
+
+
 TRANSPARENT = [
     # (id, method, path, JSON body or None)
     ("health", "GET", "/health", None),
@@ -621,6 +808,7 @@ TRANSPARENT = [
     ("unknown path", "GET", "/no/such/path", None),
     ("unknown path, POST", "POST", "/v2/whatever", {"x": 1}),
     ("wrong method", "DELETE", "/health", None),
+    ("head", "HEAD", "/health", None),
 ]
 
 

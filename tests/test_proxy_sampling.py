@@ -29,10 +29,15 @@ DRAFT_SUPPORT = 20  # the proxy's default speculation.top_logprobs: the draft sa
 
 
 def last_row_logits(model_path: Path, ids: list[int]) -> np.ndarray:
-    """Plain llama.cpp: the logits after `ids`."""
-    model = Llama(model_path=str(model_path), n_ctx=512, n_batch=512, n_ubatch=512, n_threads=2,
+    """Plain llama.cpp: the logits after `ids`, split as a one-draft verification round splits them.
+
+    llama.cpp's logits depend on the batch split; a round evaluates the cached prefix, then the
+    last context token with the draft as one batch (proxy/engine.py), so the reference does too.
+    """
+    model = Llama(model_path=str(model_path), n_ctx=512, n_batch=512, n_ubatch=512, n_threads=1,
                   logits_all=True, verbose=False)
-    model.eval(ids)
+    model.eval(ids[:-1])
+    model.eval([ids[-1], ids[-1]])  # the second token stands for the draft; it cannot affect this row
     row = np.array(model.scores[len(ids) - 1], dtype=np.float64)
     model.close()
     return row

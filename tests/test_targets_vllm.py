@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from proxy.errors import UpstreamUnavailableError
 from proxy.openai_wire import CHAT, COMPLETION
-from proxy.sampling import SamplerOrder
+from proxy.sampling import SamplerOrder, SamplingParams
 from proxy.targets.vllm import VLLMInfo, VLLMTarget, parse_max_logprobs, parse_verification
 from proxy.upstream import Timeouts, Upstream, UpstreamStatusError
 
@@ -151,7 +151,9 @@ async def fake_vllm(verify_answer: dict[str, Any] | None = None) -> AsyncIterato
         if request.path == "/tokenize":
             key = "POST /tokenize chat" if "messages" in body else "POST /tokenize prompt"
             return web.json_response(ENDPOINTS[key]["body"])
-        if body.get("prompt_logprobs", 0) > 20:
+        if "prompt_logprobs" not in body:
+            return web.json_response(ENDPOINTS["POST /v1/completions generate"]["body"])
+        if body["prompt_logprobs"] > 20:
             captured = ENDPOINTS["POST /v1/completions over the cap"]
             return web.json_response(captured["body"], status=captured["status"])
         return web.json_response(verify_answer or VERIFY["response"])
@@ -214,7 +216,8 @@ async def test_chat_template_settings_are_passed_on() -> None:
     async with fake_vllm() as (target, seen):
         await target.prompt_ids(body, CHAT)
     sent = seen[-1][1]
-    assert (sent["add_generation_prompt"], sent["continue_final_message"], sent["add_special_tokens"]) == (False, True, False)
+    flags = (sent["add_generation_prompt"], sent["continue_final_message"], sent["add_special_tokens"])
+    assert flags == (False, True, False)
     assert sent["chat_template_kwargs"] == {"enable_thinking": False} and "temperature" not in sent
 
 
@@ -228,6 +231,15 @@ async def test_completion_prompt_ids(body: dict, expected_ids: list[int], tokeni
         assert await target.prompt_ids(body, COMPLETION) == (expected_ids, 8192)
     tokenized = [sent for path, sent in seen if path == "POST /tokenize"]
     assert tokenized == ([tokenize_request] if tokenize_request else [])
+
+
+async def test_generate_asks_vllm_to_sample_and_returns_its_token_ids() -> None:
+    captured = ENDPOINTS["POST /v1/completions generate"]
+    async with fake_vllm() as (target, seen):
+        target.model = "smollm2-135m"
+        tokens = await target.generate([504, 3575, 282, 4649, 314], 8, SamplingParams(0.7, top_p=0.9), seed=1)
+    assert tokens == captured["body"]["choices"][0]["token_ids"]
+    assert seen == [("POST /v1/completions", captured["request"])]
 
 
 async def test_upstream_errors_pass_through_verify() -> None:

@@ -26,7 +26,7 @@ def served(request: pytest.FixtureRequest, model_paths: dict[str, Path]) -> tupl
     """A verifier and an in-process plain llama.cpp reference of the same model."""
     verifier = request.getfixturevalue("smol_verifier" if request.param == SMOL else "qwen_verifier")
     reference = Llama(model_path=str(model_paths[request.param]), n_ctx=1024, n_batch=REFERENCE_BATCH,
-                      n_ubatch=REFERENCE_BATCH, n_threads=2, logits_all=True, verbose=False)
+                      n_ubatch=REFERENCE_BATCH, n_threads=1, logits_all=True, verbose=False)
     return verifier, reference
 
 
@@ -45,15 +45,13 @@ def flush(verifier: Process, first_token: int) -> None:
     greedy.flush(verifier.url, first_token)
 
 
-def reference_logprobs(reference: Llama, ids: list[int], *, last_alone: bool = False) -> np.ndarray:
-    """Plain llama.cpp: evaluate ids with every row's logits, split as the verifier splits them."""
+def reference_logprobs(reference: Llama, ids: list[int], *, split_at: int = 0) -> np.ndarray:
+    """Plain llama.cpp: every row's logits, split as the verifier splits: the prefix, then the returned rows."""
     reference.reset()
     reference._ctx.kv_cache_clear()
-    if last_alone:  # the verifier evaluates the last token alone when only its row is asked for
-        reference.eval(ids[:-1])
-        reference.eval(ids[-1:])
-    else:
-        reference.eval(ids)
+    if split_at:
+        reference.eval(ids[:split_at])
+    reference.eval(ids[split_at:])
     return log_softmax(reference.scores[: len(ids)])  # [len(ids), vocab]
 
 
@@ -64,7 +62,7 @@ def test_input_logprobs_equal_plain_llama_cpp(served: tuple[Process, Llama], whe
     start = {"zero": 0, "middle": len(ids) // 2, "last": len(ids) - 1}[where]
     flush(verifier, ids[0])
     meta = generate(verifier, ids, start)["meta_info"]
-    expected = reference_logprobs(reference, ids, last_alone=where == "last")
+    expected = reference_logprobs(reference, ids, split_at=start)
     actual = meta["input_token_logprobs"]
     assert len(actual) == len(ids) - start
     assert actual[0] == [None, ids[start], None]

@@ -4,11 +4,14 @@ The server comes from scripts/start_vllm.sh (set-up included: minutes the first 
 SPECULOOS_VLLM_URL when set. The reference is vLLM itself: its own greedy generation, its own
 chat template. vLLM scores a prompt in one batched pass and generates one token at a time; in
 float32 the two differ by about 5e-5 in logprob here, so values are compared within
-LOGPROB_TOLERANCE and an argmax may differ only where the top two are that close.
+LOGPROB_TOLERANCE and an argmax may differ only where the top two are that close. Async tests
+make their plain HTTP calls in a thread: a blocked event loop would miss vLLM closing idle
+keep-alive connections (after 5 s) and reuse a dead one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -24,6 +27,7 @@ import pytest_asyncio
 
 from proxy import models
 from proxy.openai_wire import CHAT, COMPLETION
+from proxy.sampling import SamplingParams
 from proxy.targets.vllm import VLLMTarget
 from proxy.upstream import Timeouts, Upstream, UpstreamStatusError
 from tests import support as http
@@ -32,7 +36,7 @@ from tests.conftest import REPO, SMOL, Process, free_port, start_proxy
 pytestmark = pytest.mark.vllm
 
 MODEL = "smollm2-135m"  # the name scripts/start_vllm.sh serves it under
-SETUP_AND_START_TIMEOUT_S = 1800  # first run: install (about 3 min), convert, start (about 2-3 min)
+SETUP_AND_START_TIMEOUT_S = 1800  # first run: install (about 3 min), convert (30 s), start (about 40 s)
 STOP_TIMEOUT_S = 30.0
 LOGPROB_TOLERANCE = 1e-3  # batched prompt scoring vs one-token decoding, float32: about 5e-5 measured
 DEFAULT_MAX_LOGPROBS = 20  # vLLM's --max-logprobs default; the script does not change it
@@ -71,11 +75,11 @@ def vllm_url(log_dir: Path) -> Iterator[str]:
         return
     port = free_port()
     started = time.monotonic()
-    result = subprocess.run([str(REPO / "scripts" / "start_vllm.sh"), str(port)], cwd=REPO, capture_output=True,
-                            text=True, timeout=SETUP_AND_START_TIMEOUT_S,
-                            env={**os.environ, "SPECULOOS_VLLM_LOG_DIR": str(log_dir)})
     pid_file = log_dir / f"vllm-{port}.pid"
     try:
+        result = subprocess.run([str(REPO / "scripts" / "start_vllm.sh"), str(port)], cwd=REPO, capture_output=True,
+                                text=True, timeout=SETUP_AND_START_TIMEOUT_S,
+                                env={**os.environ, "SPECULOOS_VLLM_LOG_DIR": str(log_dir)})
         assert result.returncode == 0, f"scripts/start_vllm.sh failed:\n{result.stderr[-5000:]}"
         print(f"vLLM set up and started in {time.monotonic() - started:.0f} s")
         yield result.stdout.strip().splitlines()[-1]
@@ -84,7 +88,7 @@ def vllm_url(log_dir: Path) -> Iterator[str]:
             stop_group(pid_file)
 
 
-@pytest_asyncio.fixture(loop_scope="function")
+@pytest_asyncio.fixture
 async def target(vllm_url: str) -> AsyncIterator[VLLMTarget]:
     """A VLLMTarget with its own pooled client."""
     upstream = Upstream(vllm_url, Timeouts(first_byte=300))
@@ -92,7 +96,8 @@ async def target(vllm_url: str) -> AsyncIterator[VLLMTarget]:
     await upstream.close()
 
 
-def greedy(url: str, prompt: list[int], max_tokens: int, top_n: int = TOP_N) -> tuple[list[int], list[dict[int, float]]]:
+def greedy(url: str, prompt: list[int], max_tokens: int,
+           top_n: int = TOP_N) -> tuple[list[int], list[dict[int, float]]]:
     """vLLM's own greedy tokens and, per step, its top logprobs by id."""
     reply = http.post_json(url + "/v1/completions", {
         "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
@@ -121,7 +126,7 @@ def assert_same_position(scored: Any, generated: int, generated_top: dict[int, f
 @pytest.mark.parametrize("prompt", PROMPTS)
 async def test_verify_agrees_with_vllms_own_greedy_generation(target: VLLMTarget, vllm_url: str, prompt: str) -> None:
     context, _ = await target.prompt_ids({"prompt": prompt}, COMPLETION)
-    tokens, tops = greedy(vllm_url, context, K + 1)
+    tokens, tops = await asyncio.to_thread(greedy, vllm_url, context, K + 1)
     verification = await target.verify(context, tokens[:K], TOP_N)
     assert [p.token_id for p in verification.positions] == [*tokens[:K], None]
     for position, token, top in zip(verification.positions, tokens, tops, strict=True):
@@ -134,9 +139,9 @@ async def test_verify_agrees_with_vllms_own_greedy_generation(target: VLLMTarget
 @pytest.mark.parametrize("prompt", PROMPTS)
 async def test_a_rejected_draft_is_scored_where_it_stands(target: VLLMTarget, vllm_url: str, prompt: str) -> None:
     context, _ = await target.prompt_ids({"prompt": prompt}, COMPLETION)
-    tokens, tops = greedy(vllm_url, context, 2)
+    tokens, tops = await asyncio.to_thread(greedy, vllm_url, context, 2)
     wrong = next(t for t in sorted(tops[1], key=tops[1].get, reverse=True) if t != tokens[1])  # the runner-up
-    after_wrong, after_tops = greedy(vllm_url, context + [tokens[0], wrong], 2)
+    after_wrong, after_tops = await asyncio.to_thread(greedy, vllm_url, context + [tokens[0], wrong], 2)
     drafts = [tokens[0], wrong, after_wrong[0]]
     verification = await target.verify(context, drafts, TOP_N)
     first, second, third, bonus = verification.positions
@@ -160,7 +165,7 @@ async def test_a_draft_far_outside_the_top_n_is_not_in_the_top_list(target: VLLM
 async def test_probe_finds_version_model_and_the_logprobs_cap(target: VLLMTarget, vllm_url: str) -> None:
     info = await target.probe()
     assert re.fullmatch(r"\d+\.\d+\.\d+\S*", info.version), info
-    assert info.model == http.get(vllm_url + "/v1/models").json()["data"][0]["id"]
+    assert info.model == (await asyncio.to_thread(http.get, vllm_url + "/v1/models")).json()["data"][0]["id"]
     assert info.max_model_len > 0
     if "SPECULOOS_VLLM_URL" not in os.environ:
         assert (info.model, info.max_logprobs) == (MODEL, DEFAULT_MAX_LOGPROBS)
@@ -178,21 +183,32 @@ async def test_probe_finds_version_model_and_the_logprobs_cap(target: VLLMTarget
 async def test_chat_prompt_ids_are_the_ids_vllm_itself_uses(target: VLLMTarget, vllm_url: str,
                                                             messages: list[dict]) -> None:
     ids, context_size = await target.prompt_ids({"model": MODEL, "messages": messages}, CHAT)
-    reply = http.post_json(vllm_url + "/v1/chat/completions", {
+    reply = await asyncio.to_thread(http.post_json, vllm_url + "/v1/chat/completions", {
         "model": MODEL, "messages": messages, "max_tokens": 1, "temperature": 0, "return_token_ids": True})
     assert reply.status == 200, reply.body
     assert len(ids) == reply.json()["usage"]["prompt_tokens"]
     assert ids == reply.json()["prompt_token_ids"]
-    assert context_size == http.get(vllm_url + "/v1/models").json()["data"][0]["max_model_len"]
+    models_reply = await asyncio.to_thread(http.get, vllm_url + "/v1/models")
+    assert context_size == models_reply.json()["data"][0]["max_model_len"]
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 async def test_completion_prompt_ids_are_the_ids_vllm_itself_uses(target: VLLMTarget, vllm_url: str,
                                                                   prompt: str) -> None:
     ids, _ = await target.prompt_ids({"prompt": prompt}, COMPLETION)
-    reply = http.post_json(vllm_url + "/v1/completions", {
+    reply = await asyncio.to_thread(http.post_json, vllm_url + "/v1/completions", {
         "model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0, "return_token_ids": True})
     assert ids == reply.json()["choices"][0]["prompt_token_ids"]
+
+
+async def test_generate_is_vllms_own_decoding(target: VLLMTarget, vllm_url: str) -> None:
+    context, _ = await target.prompt_ids({"prompt": PROMPTS[1]}, COMPLETION)
+    greedy_tokens, _ = await asyncio.to_thread(greedy, vllm_url, context, 12)
+    assert await target.generate(context, 12, SamplingParams(temperature=0), seed=0) == greedy_tokens
+    sampled = SamplingParams(temperature=1.0, top_k=50, top_p=0.9)
+    first = await target.generate(context, 12, sampled, seed=2**63 - 1)
+    assert await target.generate(context, 12, sampled, seed=2**63 - 1) == first  # the seed decides
+    assert len(first) == 12 or first[-1] == 2  # SmolLM2's EOS (<|im_end|>) ends early and is included
 
 
 # End to end: the proxy (protocol vllm, SmolLM2 drafting for itself) against vLLM's own greedy output.
@@ -235,12 +251,15 @@ def test_greedy_through_the_proxy_is_vllms_own_greedy(vllm_proxy: Process, vllm_
     direct = http.post_json(vllm_url + "/v1/chat/completions", {
         "model": MODEL, "messages": messages, "max_tokens": 32, "temperature": 0, "return_token_ids": True}).json()
     client = openai.OpenAI(base_url=vllm_proxy.url + "/v1", api_key="unused", max_retries=0)
-    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages, max_tokens=32, temperature=0)
+    # X-Speculoos: on skips the controller, which would pass some requests through to measure.
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages, max_tokens=32,
+                                                           temperature=0, extra_headers={"X-Speculoos": "on"})
     assert raw.headers["x-speculoos-mode"] == "speculative", f"not speculating:\n{vllm_proxy.log()[-3000:]}"
     reply = raw.parse()
     expected, actual = direct["choices"][0]["message"]["content"], reply.choices[0].message.content
     if actual != expected:
-        index, margin = divergence_margin(vllm_url, direct["prompt_token_ids"], direct["choices"][0]["token_ids"], actual)
+        expected_ids = direct["choices"][0]["token_ids"]
+        index, margin = divergence_margin(vllm_url, direct["prompt_token_ids"], expected_ids, actual)
         assert margin < LOGPROB_TOLERANCE, f"diverged at token {index} (margin {margin:.4f}):\n{expected!r}\n{actual!r}"
         print(f"near-tie divergence at token {index}, vLLM's top-2 margin {margin:.2e}")
     else:

@@ -56,6 +56,11 @@ class Target(Protocol):
         """Score `draft_tokens` after `context` in one request."""
         ...
 
+    async def generate(self, context: list[int], max_new_tokens: int, params: SamplingParams, seed: int,
+                       client_headers: dict[str, str] | None = None) -> list[int]:
+        """Plain decoding on the target (the continuation after a mid-stream switch)."""
+        ...
+
     async def prompt_ids(self, body: dict, kind: str, client_headers: dict[str, str] | None = None) -> tuple[list[int], int]:
         """Prompt token ids from the server's own tokenizer and chat template, and its context size."""
         ...

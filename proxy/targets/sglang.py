@@ -128,6 +128,21 @@ class SGLangTarget:
         answer = await self.upstream.post_json("/generate", body, client_headers=client_headers)
         return parse_verification(answer, draft_tokens)
 
+    async def generate(self, context: list[int], max_new_tokens: int, params: SamplingParams, seed: int,
+                       client_headers: dict[str, str] | None = None) -> list[int]:
+        """Plain decoding on the target: up to max_new_tokens sampled by the server itself."""
+        body = {
+            "input_ids": context,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": params.temperature,
+                                "top_k": params.top_k or -1, "top_p": params.top_p, "min_p": params.min_p,
+                                "sampling_seed": seed},
+        }
+        answer = await self.upstream.post_json("/generate", body, client_headers=client_headers)
+        try:
+            return [int(t) for t in answer["output_ids"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UpstreamUnavailableError("upstream sent a malformed /generate answer") from exc
+
     async def prompt_ids(self, body: dict, kind: str, client_headers: dict[str, str] | None = None) -> tuple[list[int], int]:
         """Prompt ids from the server's /tokenize (its own chat template), and its context size."""
         if kind == CHAT:

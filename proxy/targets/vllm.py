@@ -164,6 +164,26 @@ class VLLMTarget:
         answer = await self.upstream.post_json("/v1/completions", body, client_headers=client_headers)
         return parse_verification(answer, len(context), draft_tokens, top_n)
 
+    async def generate(self, context: list[int], max_new_tokens: int, params: SamplingParams, seed: int,
+                       client_headers: dict[str, str] | None = None) -> list[int]:
+        """Plain decoding on the target: up to max_new_tokens sampled by vLLM itself (EOS included)."""
+        body = {
+            "model": await self.served_model(),
+            "prompt": context,
+            "max_tokens": max_new_tokens,
+            "temperature": params.temperature,
+            "top_k": params.top_k or -1,
+            "top_p": params.top_p,
+            "min_p": params.min_p,
+            "seed": seed,
+            "return_token_ids": True,
+        }
+        answer = await self.upstream.post_json("/v1/completions", body, client_headers=client_headers)
+        try:
+            return [int(t) for t in answer["choices"][0]["token_ids"]]
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise UpstreamUnavailableError("upstream sent a malformed /v1/completions answer") from exc
+
     async def prompt_ids(self, body: dict, kind: str, client_headers: dict[str, str] | None = None) -> tuple[list[int], int]:
         """Prompt ids from the server's /tokenize (its own chat template), and its context size."""
         if kind == CHAT:

@@ -1,0 +1,10 @@
+"""`speculoos bench`: the benchmark harness behind the README's numbers.
+
+    workloads.py  the shipped prompt sets (proxy/workloads/*.json), validated when loaded
+    client.py     one streamed request, timed from the client's side
+    runner.py     the interleaved A/B schedule: direct and every proxy mode, back to back
+    stats.py      pure statistics: spreads, speedups, Leviathan's prediction, output identity
+    simulate.py   SIMULATION: replay recorded per-round acceptance under a stated cost model
+    report.py     Markdown, JSON, the trace file and the PNG chart
+    cli.py        the sub-command
+"""

@@ -1,0 +1,133 @@
+"""Interleaved A/B runs: each prompt goes to the upstream directly and through the proxy in every mode.
+
+For each repetition, workload and prompt, `direct` and every proxy mode run back to back, the
+order rotated by one place per prompt and repetition, so drift in machine load, and the
+verifier's prompt cache (whoever runs second finds the prompt's prefix cached), fall on every
+mode alike. Requests run one at a time.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from proxy.bench.client import BenchError, Reply, get_json, stream
+from proxy.bench.stats import DIRECT, Sample
+from proxy.bench.workloads import Prompt, Workload
+
+MAX_PINNED_K = 32  # the proxy's limit (proxy.api.MAX_PINNED_K)
+WARMUP_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How a request goes through the proxy."""
+
+    name: str  # auto, on, off, k=N
+    control: dict[str, Any] | None  # the body's `speculoos` field; None: no field (the controller decides)
+
+
+def parse_modes(text: str) -> list[Mode]:
+    """'auto,k=1,k=2,off' -> modes; raise ValueError naming a bad one."""
+    modes = []
+    for name in (part.strip().lower() for part in text.split(",") if part.strip()):
+        if name == "auto":
+            modes.append(Mode(name, None))
+        elif name in ("on", "off"):
+            modes.append(Mode(name, {"mode": name}))
+        elif name.startswith("k=") and name[2:].isdigit() and 1 <= int(name[2:]) <= MAX_PINNED_K:
+            modes.append(Mode(f"k={int(name[2:])}", {"k": int(name[2:])}))
+        else:
+            raise ValueError(f"bad mode {name!r}: use auto, on, off or k=N with N in 1..{MAX_PINNED_K}")
+    if not modes or len({m.name for m in modes}) != len(modes):
+        raise ValueError("give at least one mode, each once")
+    return modes
+
+
+@dataclass(frozen=True)
+class Job:
+    """One request of the schedule."""
+
+    workload: Workload
+    prompt: int
+    repetition: int
+    target: str  # DIRECT or a mode name
+    position: int
+
+
+def schedule(workloads: Sequence[Workload], prompts: int, repeat: int, modes: Sequence[Mode]) -> list[Job]:
+    """Every request in the order it runs."""
+    targets = [DIRECT, *(m.name for m in modes)]
+    jobs = []
+    for repetition in range(repeat):
+        for workload in workloads:
+            for prompt in range(min(prompts, len(workload.prompts))):
+                shift = (prompt + repetition) % len(targets)
+                order = targets[shift:] + targets[:shift]
+                jobs += [Job(workload, prompt, repetition, t, i) for i, t in enumerate(order)]
+    return jobs
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where requests go and with which model name."""
+
+    direct: str  # base URL, no /v1
+    proxy: str
+    model: str
+    max_tokens: int | None  # overrides each prompt's default
+    timeout_s: float
+
+
+def _request(endpoints: Endpoints, prompt: Prompt, mode: Mode | None, max_tokens: int | None) -> tuple[str, dict]:
+    body = prompt.body(endpoints.model, max_tokens)
+    if mode is None:
+        return endpoints.direct + prompt.path, body
+    if mode.control is not None:
+        body["speculoos"] = mode.control
+    return endpoints.proxy + prompt.path, body
+
+
+def _sample(job: Job, reply: Reply) -> Sample:
+    return Sample(job.workload.name, job.prompt, job.repetition, job.target, job.position,
+                  job.workload.prompts[job.prompt].greedy, reply.status, reply.error, reply.text,
+                  reply.completion_tokens, reply.served_as, reply.extension, reply.seconds, reply.ttft_s,
+                  reply.itl_s, reply.tokens_per_second)
+
+
+async def probe(session: aiohttp.ClientSession, direct: str, proxy: str, model: str | None) -> str:
+    """Check both servers answer; the model name to send (the upstream's first, unless given)."""
+    models = await get_json(session, direct + "/v1/models", "the upstream (--direct)")
+    await get_json(session, proxy + "/speculoos/status", "the proxy (--proxy)")
+    if model is not None:
+        return model
+    try:
+        return str(models["data"][0]["id"])
+    except (KeyError, IndexError, TypeError) as exc:
+        raise BenchError(f"the upstream at {direct}/v1/models lists no model: give --model") from exc
+
+
+async def run(jobs: Sequence[Job], modes: Sequence[Mode], endpoints: Endpoints, *, warmup: int = 1,
+              progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> list[Sample]:
+    """Warm every path up (uncounted), then run the jobs one at a time."""
+    by_name: dict[str, Mode | None] = {DIRECT: None, **{m.name: m for m in modes}}
+    samples = []
+    async with aiohttp.ClientSession() as session:
+        if jobs and warmup:
+            first = jobs[0].workload.prompts[0]
+            for _ in range(warmup):
+                for mode in by_name.values():
+                    await stream(session, *_request(endpoints, first, mode, WARMUP_TOKENS), endpoints.timeout_s)
+        for i, job in enumerate(jobs, 1):
+            prompt = job.workload.prompts[job.prompt]
+            url, body = _request(endpoints, prompt, by_name[job.target], endpoints.max_tokens)
+            sample = _sample(job, await stream(session, url, body, endpoints.timeout_s))
+            samples.append(sample)
+            rate = f"{sample.tokens_per_second:.1f} tok/s" if sample.tokens_per_second else sample.error or "no tokens"
+            progress(f"[{i}/{len(jobs)}] {job.workload.name} #{job.prompt} r{job.repetition} {job.target}: "
+                     f"{rate}{' (' + sample.served_as + ')' if sample.served_as else ''}")
+    return samples

@@ -1,0 +1,239 @@
+"""Pure statistics over benchmark samples: spreads, speedups, Leviathan's prediction, output identity.
+
+Glossary (one row = one workload in one mode):
+    speedup          median output tokens/s of the mode ÷ that of `direct` (end to end, prefill included)
+    decode speedup   median ITL of `direct` ÷ median ITL of the mode (tokens after the first)
+    predicted        Leviathan et al. 2023 (§3.1) from the row's measured α and the proxy's measured
+                     costs (GET /speculoos/status):
+                         rate(α, k) = E(α, k) / (k · draft_seconds_per_token + verify_seconds(k))
+                     divided by the plain rate, 1 / median ITL of `direct` on the same workload.
+                     Tokens the proxy served by plain decoding (passthrough, a mid-stream switch)
+                     are predicted at the plain rate.
+    efficiency       decode speedup ÷ predicted = measured decode rate ÷ predicted rate: what the
+                     formula does not explain (proxy overhead, HTTP, tokenization, cost drift).
+Deviation from the paper: in `auto` mode K varies per round; the prediction uses the mean K
+(drafted ÷ rounds), which E(α, k) accepts as a real number.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from proxy.control import expected_tokens
+
+DIRECT = "direct"
+PASSTHROUGH_MODE = "off"
+SPECULATIVE = "speculative"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured request."""
+
+    workload: str
+    prompt: int  # index in the workload
+    repetition: int
+    mode: str  # DIRECT or a proxy mode name (auto, off, on, k=N)
+    position: int  # its place in the interleaved group of this prompt and repetition
+    greedy: bool
+    status: int
+    error: str | None
+    text: str
+    completion_tokens: int | None
+    served_as: str | None
+    extension: Mapping[str, Any] | None
+    seconds: float
+    ttft_s: float | None
+    itl_s: float | None
+    tokens_per_second: float | None
+
+    @property
+    def ok(self) -> bool:
+        """Answered in full, without an error."""
+        return self.status == 200 and self.error is None
+
+    @property
+    def speculative(self) -> bool:
+        """Served by speculation (at least in part)."""
+        return self.served_as == SPECULATIVE and self.extension is not None
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Median and range of a handful of measurements."""
+
+    median: float
+    low: float
+    high: float
+    n: int
+
+
+def spread(values: Iterable[float | None]) -> Spread | None:
+    """The spread of the values that were measured, or None if none were."""
+    measured = [v for v in values if v is not None]
+    if not measured:
+        return None
+    return Spread(statistics.median(measured), min(measured), max(measured), len(measured))
+
+
+@dataclass(frozen=True)
+class Costs:
+    """A route's measured costs, from GET /speculoos/status."""
+
+    draft_seconds_per_token: float | None
+    verify_seconds_by_k: Mapping[int, float]
+    plain_tokens_per_second: float | None
+
+    @classmethod
+    def from_status(cls, route: Mapping[str, Any]) -> Costs:
+        """Read one route's entry (JSON turns the K keys into strings)."""
+        by_k = {int(k): float(v) for k, v in (route.get("verify_seconds_by_k") or {}).items() if v is not None}
+        return cls(route.get("draft_seconds_per_token"), by_k, route.get("plain_tokens_per_second"))
+
+    def verify_seconds(self, k: float) -> float | None:
+        """Measured verification time at k, or a least-squares line through the measured K (as the controller)."""
+        if k in self.verify_seconds_by_k:
+            return self.verify_seconds_by_k[int(k)]
+        if len(self.verify_seconds_by_k) < 2:
+            return None  # one point cannot tell a flat (GPU) cost from a steep (CPU) one
+        ks = np.array(list(self.verify_seconds_by_k), dtype=float)
+        slope, intercept = np.polyfit(ks, np.array(list(self.verify_seconds_by_k.values())), 1)
+        return max(float(intercept + slope * k), 0.0)
+
+
+def predicted_rate(alpha: float, k: float, draft_seconds_per_token: float, verify_seconds: float) -> float:
+    """Leviathan's tokens/s for k drafts per round at acceptance rate α."""
+    return expected_tokens(alpha, k) / (k * draft_seconds_per_token + verify_seconds)  # type: ignore[arg-type]
+
+
+def predicted_speedup(alpha: float, k: float, costs: Costs, plain_rate: float,
+                      speculative_share: float = 1.0) -> float | None:
+    """Predicted rate ÷ plain rate; a share of tokens served plainly runs at the plain rate."""
+    verify = costs.verify_seconds(k)
+    if verify is None or costs.draft_seconds_per_token is None or plain_rate <= 0:
+        return None
+    rate = predicted_rate(alpha, k, costs.draft_seconds_per_token, verify)
+    seconds_per_token = speculative_share / rate + (1.0 - speculative_share) / plain_rate
+    return (1.0 / seconds_per_token) / plain_rate
+
+
+@dataclass(frozen=True)
+class Row:
+    """One workload in one mode."""
+
+    workload: str
+    mode: str
+    requests: int
+    errors: int
+    speculative: int  # requests the proxy served speculatively
+    tokens_per_second: Spread | None
+    ttft_ms: float | None  # median
+    itl_ms: float | None  # median
+    alpha: float | None
+    tokens_per_round: float | None
+    mean_k: float | None
+    speedup: float | None
+    decode_speedup: float | None
+    predicted_speedup: float | None
+    efficiency: float | None
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return numerator / denominator if numerator is not None and denominator else None
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    s = spread(values)
+    return s.median if s else None
+
+
+def _row(workload: str, mode: str, samples: Sequence[Sample], baseline: Row | None, costs: Costs | None) -> Row:
+    ok = [s for s in samples if s.ok]
+    rate = spread(s.tokens_per_second for s in ok)
+    ttft, itl = _median(s.ttft_s for s in ok), _median(s.itl_s for s in ok)
+    extensions = [s.extension for s in ok if s.speculative and s.extension is not None]
+    drafted = sum(int(e.get("drafted") or 0) for e in extensions)
+    accepted = sum(int(e.get("accepted") or 0) for e in extensions)
+    rounds = sum(int(e.get("rounds") or 0) for e in extensions)
+    emitted = sum(float(e.get("tokens_per_round") or 0.0) * int(e.get("rounds") or 0) for e in extensions)
+    alpha = accepted / drafted if drafted else None
+    mean_k = drafted / rounds if rounds else None
+    all_tokens = sum(s.completion_tokens or 0 for s in ok)
+    plain_in_spec = sum(int(s.extension.get("plain_tokens") or 0) for s in ok if s.speculative and s.extension)
+    spec_tokens = sum(s.completion_tokens or 0 for s in ok if s.speculative) - plain_in_spec
+    share = spec_tokens / all_tokens if all_tokens else 0.0
+    predicted = None
+    plain_rate = 1.0 / baseline.itl_ms * 1000.0 if baseline and baseline.itl_ms else None
+    if mode != DIRECT and plain_rate is not None:
+        if share == 0.0:
+            predicted = 1.0  # everything went the plain way: the ideal is the direct rate
+        elif costs is not None and alpha is not None and mean_k is not None:
+            predicted = predicted_speedup(alpha, mean_k, costs, plain_rate, share)
+    speedup = _ratio(rate.median if rate else None, baseline.tokens_per_second.median
+                     if baseline and baseline.tokens_per_second else None)
+    decode_speedup = _ratio(baseline.itl_ms if baseline else None, itl * 1000.0 if itl else None)
+    return Row(workload, mode, len(samples), len(samples) - len(ok), len(extensions), rate,
+               ttft * 1000.0 if ttft is not None else None, itl * 1000.0 if itl is not None else None,
+               alpha, emitted / rounds if rounds else None, mean_k,
+               1.0 if mode == DIRECT else speedup, 1.0 if mode == DIRECT else decode_speedup,
+               predicted, _ratio(decode_speedup, predicted) if mode != DIRECT else None)
+
+
+def summarise(samples: Sequence[Sample], modes: Sequence[str], costs: Costs | None) -> list[Row]:
+    """One row per workload and mode (direct first), in the order the workloads were run."""
+    rows = []
+    for workload in dict.fromkeys(s.workload for s in samples):
+        mine = [s for s in samples if s.workload == workload]
+        baseline = _row(workload, DIRECT, [s for s in mine if s.mode == DIRECT], None, costs)
+        rows.append(baseline)
+        rows += [_row(workload, mode, [s for s in mine if s.mode == mode], baseline, costs) for mode in modes]
+    return rows
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A greedy output that differs from the direct one."""
+
+    workload: str
+    prompt: int
+    repetition: int
+    mode: str
+    first_difference: int  # character index
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Greedy outputs compared with `direct`, per mode."""
+
+    checked: dict[str, int]
+    differences: tuple[Difference, ...]
+
+    @property
+    def total_checked(self) -> int:
+        """Pairs compared."""
+        return sum(self.checked.values())
+
+
+def _first_difference(a: str, b: str) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def identity_check(samples: Sequence[Sample]) -> Identity:
+    """Compare every greedy proxy output with the direct output of the same prompt and repetition."""
+    direct = {(s.workload, s.prompt, s.repetition): s for s in samples if s.mode == DIRECT and s.ok}
+    checked: dict[str, int] = {}
+    differences = []
+    for s in samples:
+        reference = direct.get((s.workload, s.prompt, s.repetition))
+        if s.mode == DIRECT or not s.greedy or not s.ok or reference is None:
+            continue
+        checked[s.mode] = checked.get(s.mode, 0) + 1
+        if s.text != reference.text:
+            differences.append(Difference(s.workload, s.prompt, s.repetition, s.mode,
+                                          _first_difference(s.text, reference.text)))
+    return Identity(checked, tuple(differences))

@@ -1,0 +1,69 @@
+"""Prometheus metrics: vLLM's speculative-decoding counters with a `speculoos_` prefix, and ours.
+
+One registry per app (no global state), rendered at GET /metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+@dataclass
+class Metrics:
+    """Every metric the proxy exports, in one registry."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r, route = self.registry, ["route"]
+        # Names follow vLLM's spec-decode metrics (vllm/v1/spec_decode/metrics.py), prefixed.
+        self.num_drafts = Counter("speculoos_spec_decode_num_drafts", "Speculative rounds with drafts", route, registry=r)
+        self.num_draft_tokens = Counter("speculoos_spec_decode_num_draft_tokens", "Drafted tokens", route, registry=r)
+        self.num_accepted_tokens = Counter("speculoos_spec_decode_num_accepted_tokens", "Accepted draft tokens",
+                                           route, registry=r)
+        self.accepted_per_pos = Counter("speculoos_spec_decode_num_accepted_tokens_per_pos",
+                                        "Accepted draft tokens by position", ["route", "position"], registry=r)
+        self.requests = Counter("speculoos_requests", "Requests by route and mode", ["route", "mode"], registry=r)
+        self.ttft = Histogram("speculoos_time_to_first_token_seconds", "Time to first token", ["route", "mode"],
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("speculoos_inter_token_latency_seconds", "Time between emitted tokens", route,
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.draft_time = Histogram("speculoos_draft_seconds", "Draft time per round", route,
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.verify_time = Histogram("speculoos_verify_seconds", "Verification time per round", route,
+                                     buckets=LATENCY_BUCKETS, registry=r)
+        self.alpha = Gauge("speculoos_acceptance_rate", "EWMA acceptance rate α", route, registry=r)
+        self.chosen_k = Gauge("speculoos_chosen_k", "K chosen by the controller (0 = passthrough)", route, registry=r)
+        self.mode = Gauge("speculoos_mode", "1 for the route's current mode", ["route", "mode"], registry=r)
+        self.tv_bound = Gauge("speculoos_sampling_tv_bound", "Largest total-variation bound of the last bounded "
+                              "request (0 when exact)", route, registry=r)
+        self.mid_stream_switches = Counter("speculoos_mid_stream_switches", "Generations continued by plain decoding",
+                                           route, registry=r)
+
+    def record_round(self, route: str, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        """One speculative round."""
+        if drafted:
+            self.num_drafts.labels(route).inc()
+            self.num_draft_tokens.labels(route).inc(drafted)
+            self.num_accepted_tokens.labels(route).inc(accepted)
+            for position in range(accepted):
+                self.accepted_per_pos.labels(route, str(position)).inc()
+        self.draft_time.labels(route).observe(draft_s)
+        self.verify_time.labels(route).observe(verify_s)
+
+    def set_decision(self, route: str, k: int, alpha: float | None) -> None:
+        """The controller's current choice."""
+        self.chosen_k.labels(route).set(k)
+        for mode in ("speculative", "passthrough"):
+            self.mode.labels(route, mode).set(1 if (mode == "speculative") == (k > 0) else 0)
+        if alpha is not None:
+            self.alpha.labels(route).set(alpha)
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
