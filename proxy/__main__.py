@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser; each module registers its own sub-command."""
-    from proxy import cli_serve, models
+    from proxy import cli_serve, models, relay
     from proxy.verifier import cli as verifier_cli
 
     parser = argparse.ArgumentParser(prog="speculoos", description=__doc__)
@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_serve.add_cli(commands)
     verifier_cli.add_cli(commands)
     models.add_cli(commands)
+    relay.add_cli(commands)
     return parser
 
 

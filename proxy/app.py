@@ -15,6 +15,7 @@ from proxy.draft import DraftModel
 from proxy.engine import EngineOptions
 from proxy.errors import UpstreamError
 from proxy.metrics import Metrics
+from proxy.ngram import HybridDraft, NgramDraft
 from proxy.state import CONFIG, METRICS, RUNTIMES, RouteRuntime
 from proxy.targets.sglang import SGLangTarget
 from proxy.targets.vllm import VLLMTarget
@@ -39,6 +40,14 @@ def make_upstream(route: Route) -> Upstream:
                     api_key=route.upstream.api_key_value())
 
 
+def with_lookup(model: DraftModel, draft: DraftConfig) -> DraftModel:
+    """The route's draft kind around the loaded model: itself, prompt lookup, or both."""
+    if draft.kind == "model":
+        return model
+    kind = NgramDraft if draft.kind == "ngram" else HybridDraft
+    return kind(model, max_ngram=draft.ngram_max, min_ngram=draft.ngram_min)  # type: ignore[return-value]
+
+
 async def open_runtimes(config: Config, load_draft: DraftLoader) -> dict[str, RouteRuntime]:
     """Open every route's upstream client and draft (drafts with identical settings are shared)."""
     runtimes: dict[str, RouteRuntime] = {}
@@ -56,7 +65,7 @@ async def open_runtimes(config: Config, load_draft: DraftLoader) -> dict[str, Ro
         options = draft_options(route.draft)
         if options not in drafts:
             drafts[options] = await asyncio.to_thread(load_draft, options)
-        runtime.draft = drafts[options]
+        runtime.draft = with_lookup(drafts[options], route.draft)
         try:
             verdict = await runtime.inspect_upstream()
         except UpstreamError as exc:
@@ -73,7 +82,7 @@ async def close_runtimes(runtimes: dict[str, RouteRuntime]) -> None:
     """Close upstream clients and free drafts (each shared draft once)."""
     for runtime in runtimes.values():
         await runtime.upstream.close()
-    for draft in {id(r.draft): r.draft for r in runtimes.values() if r.draft is not None}.values():
+    for draft in {id(r.draft.engine): r.draft for r in runtimes.values() if r.draft is not None}.values():
         draft.close()
 
 

@@ -9,7 +9,7 @@ import sys
 from aiohttp import web
 
 from proxy import logs
-from proxy.config import ConfigError, load_config
+from proxy.config import Config, ConfigError, load_config
 
 
 def add_cli(commands: argparse._SubParsersAction) -> None:
@@ -24,15 +24,21 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
     check.set_defaults(run=run_check)
 
 
+def _load(args: argparse.Namespace, command: str) -> Config | None:
+    """The validated routes file, or None after printing why not."""
+    logs.configure()
+    try:
+        return load_config(args.routes)
+    except ConfigError as exc:
+        print(f"speculoos {command}: {exc}", file=sys.stderr)
+        return None
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Serve until interrupted."""
     from proxy.app import create_app
 
-    logs.configure()
-    try:
-        config = load_config(args.routes)
-    except ConfigError as exc:
-        print(f"speculoos serve: {exc}", file=sys.stderr)
+    if (config := _load(args, "serve")) is None:
         return 2
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
@@ -47,11 +53,7 @@ def run_check(args: argparse.Namespace) -> int:
     from proxy.app import close_runtimes, open_runtimes
     from proxy.draft import DraftModel
 
-    logs.configure()
-    try:
-        config = load_config(args.routes)
-    except ConfigError as exc:
-        print(f"speculoos check: {exc}", file=sys.stderr)
+    if (config := _load(args, "check")) is None:
         return 2
 
     async def probe() -> int:
@@ -68,6 +70,8 @@ def run_check(args: argparse.Namespace) -> int:
             else:
                 status, failures = f"passthrough: {verdict.reason}", failures + 1
             print(f"{runtime.name}\t{runtime.route.upstream.url}\t{status}")
+            if runtime.capabilities:
+                print(f"{runtime.name}\tcapabilities\t{runtime.capabilities}")
         await close_runtimes(runtimes)
         return 1 if failures else 0
 

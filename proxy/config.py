@@ -120,11 +120,25 @@ class UpstreamConfig(_Section):
 class DraftConfig(_Section):
     """The local GGUF draft model; `model` is a registry name or a .gguf path."""
 
+    # model: the GGUF drafts; ngram: prompt lookup only (the GGUF serves as the tokenizer);
+    # hybrid: prompt lookup when the context has a match, the model otherwise.
+    kind: Literal["model", "ngram", "hybrid"] = "model"
     model: str = Field(min_length=1)
+    ngram_min: int = Field(default=1, ge=1, le=16)  # shortest context tail matched by prompt lookup
+    ngram_max: int = Field(default=3, ge=1, le=16)  # longest
     threads: int | None = Field(default=None, ge=1)
     ctx: int = Field(default=4096, ge=128)
     gpu_layers: int = Field(default=0, ge=-1)  # -1 offloads every layer
     batch: int = Field(default=512, ge=1)
+
+    @field_validator("ngram_max")
+    @classmethod
+    def _ngram_range(cls, ngram_max: int, info: ValidationInfo) -> int:
+        """The longest n-gram cannot be shorter than the shortest."""
+        ngram_min = info.data.get("ngram_min", 1)
+        if ngram_max < ngram_min:
+            raise ValueError(f"must be >= ngram_min ({ngram_min})")
+        return ngram_max
 
     @property
     def path(self) -> Path | None:

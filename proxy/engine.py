@@ -159,11 +159,6 @@ class LlamaEngine:
             length = 0
         del self._evaluated[length:]
 
-    @property
-    def evaluated(self) -> tuple[int, ...]:
-        """The token ids whose KV entries are currently cached."""
-        return tuple(self._evaluated)
-
     # -- vocabulary -----------------------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
@@ -181,17 +176,9 @@ class LlamaEngine:
             n = llama_cpp.llama_token_to_piece(self._model.vocab, token, buffer, -n, 0, False)
         return buffer.raw[:n]
 
-    def token_text(self, token: int) -> str:
-        """The vocabulary entry of a token, as stored in the GGUF."""
-        return self._model.token_get_text(token)
-
     def is_end_of_generation(self, token: int) -> bool:
         """True for EOS and the template's end-of-turn tokens."""
         return bool(llama_cpp.llama_vocab_is_eog(self._model.vocab, token))
-
-    def end_of_generation_ids(self) -> list[int]:
-        """Every token id that ends generation."""
-        return [t for t in range(self.n_vocab) if self.is_end_of_generation(t)]
 
     @property
     def special_ids(self) -> dict[str, int]:

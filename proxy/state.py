@@ -25,6 +25,7 @@ class RouteRuntime:
     target: Target | None = None  # None: the protocol cannot verify (openai)
     draft: DraftModel | None = None
     tokenizer: TokenizerVerdict | None = None  # None until the check could reach the upstream
+    capabilities: object = None  # what the target's probe found (version, logprob cap, extensions)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -36,7 +37,7 @@ class RouteRuntime:
         """Probe the target's capabilities and compare tokenizers (raises UpstreamError if unreachable)."""
         if self.target is None or self.draft is None:
             return None
-        await self.target.probe()
+        self.capabilities = await self.target.probe()
         self.tokenizer = await check_tokenizer(self.draft.engine, self.upstream)
         return self.tokenizer
 

@@ -82,9 +82,10 @@ def start_verifier(model: str, log_dir: Path, *, ctx: int = 4096) -> Process:
                          "--ctx", str(ctx)], port, log_dir / f"verifier-{model}-{port}.log", "/health")
 
 
-def write_routes(path: Path, upstream: str, draft: str | None, *, k: int = 4, extra: str = "") -> Path:
+def write_routes(path: Path, upstream: str, draft: str | None, *, k: int = 4, extra: str = "",
+                 kind: str = "model") -> Path:
     """A one-route routes.yaml pointing at `upstream`."""
-    draft_block = f"    draft: {{model: {draft}, threads: {THREADS}, ctx: 4096}}\n" if draft else ""
+    draft_block = f"    draft: {{kind: {kind}, model: {draft}, threads: {THREADS}, ctx: 4096}}\n" if draft else ""
     path.write_text(
         "routes:\n"
         "  - name: test\n"
@@ -136,6 +137,15 @@ def qwen_verifier(model_paths: dict[str, Path], log_dir: Path) -> Iterator[Proce
 def smol_proxy(smol_verifier: Process, log_dir: Path) -> Iterator[Process]:
     """The proxy with SmolLM2 drafting for itself."""
     process = start_proxy(write_routes(log_dir / "smol.yaml", smol_verifier.url, SMOL), log_dir)
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def smol_ngram_proxy(smol_verifier: Process, log_dir: Path) -> Iterator[Process]:
+    """The proxy drafting by prompt lookup (SmolLM2's GGUF as the tokenizer)."""
+    routes = write_routes(log_dir / "smol-ngram.yaml", smol_verifier.url, SMOL, kind="ngram")
+    process = start_proxy(routes, log_dir)
     yield process
     process.stop()
 

@@ -206,7 +206,9 @@ BAD = [
     (qwen(top="server: {hots: x}"), "routes.yaml: server.hots: unknown key (did you mean 'host'?)"),
     (qwen("speculate: {k: 2}"), f"{Q}: speculate: unknown key (did you mean 'speculation'?)"),
     (qwen(upstream="url: 'http://h', protocl: vllm"), f"{Q}: upstream.protocl: unknown key (did you mean 'protocol'?)"),
-    (qwen("draft: {model: m, zz: 1}"), f"{Q}: draft.zz: unknown key (allowed: model, threads, ctx, gpu_layers, batch)"),
+    (qwen("draft: {model: m, zz: 1}"), f"{Q}: draft.zz: unknown key (allowed: kind, model, ngram_min, ngram_max, threads, ctx, gpu_layers, batch)"),
+    (qwen("draft: {model: m, kind: lookup}"), f"{Q}: draft.kind: must be one of model, ngram, hybrid"),
+    (qwen("draft: {model: m, ngram_min: 4, ngram_max: 2}"), f"{Q}: draft.ngram_max: must be >= ngram_min (4)"),
     # wrong types
     (qwen("speculation: {k: four}"), f"{Q}: speculation.k: must be a valid integer (got 'four')"),
     (qwen("speculation: {k: 2.5}"), f"{Q}: speculation.k: must be a valid integer (got 2.5)"),

@@ -47,7 +47,7 @@ async def proxy(smol_verifier: Process, model_paths: dict) -> AsyncIterator[tupl
     """An in-process proxy whose route reacts fast (EWMA weight 0.5, probe every 2nd request)."""
     config = parse_config({"routes": [{
         "name": "smol", "upstream": {"url": smol_verifier.url},
-        "draft": {"model": SMOL, "threads": 2}, "speculation": {"k": 4},
+        "draft": {"model": SMOL, "threads": 1}, "speculation": {"k": 4},
         "fallback": {"ewma_alpha": 0.5, "probe_every_requests": 2, "min_acceptance": 0.3},
     }]})
     drafts: list[SwitchableDraft] = []

@@ -14,7 +14,11 @@ import openai
 import pytest
 
 from tests import greedy
+from tests import support as http
 from tests.conftest import Process
+
+# Exactness is tested on speculative rounds: the controller must not route these requests around them.
+FORCE = {"X-Speculoos": "on"}
 
 CHAT, COMPLETION = "chat", "completion"
 
@@ -80,7 +84,8 @@ def prompt_ids(verifier: Process, case: Case) -> list[int]:
 
 def check_identity(proxy: Process, verifier: Process, max_tokens: int, tolerance: float) -> list[str]:
     """Run every case both ways; fail on any divergence that is not a near-tie. Returns the report lines."""
-    through_proxy = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+    through_proxy = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0,
+                                  default_headers=FORCE)
     direct = openai.OpenAI(base_url=verifier.url + "/v1", api_key="unused", max_retries=0)
     report, failures = [], []
     for case in CASES:
@@ -125,7 +130,8 @@ def test_qwen_pair_matches_the_target(qwen_proxy: Process, qwen_verifier: Proces
 
 
 def test_speculative_mode_is_used_and_reported(smol_proxy: Process) -> None:
-    client = openai.OpenAI(base_url=smol_proxy.url + "/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=smol_proxy.url + "/v1", api_key="unused", max_retries=0,
+                           default_headers=FORCE)
     raw = client.chat.completions.with_raw_response.create(
         model="test", messages=[{"role": "user", "content": "Count from 1 to 5."}], max_tokens=16, temperature=0)
     assert raw.headers["x-speculoos-mode"] == "speculative"
@@ -134,3 +140,33 @@ def test_speculative_mode_is_used_and_reported(smol_proxy: Process) -> None:
     assert extension["mode"] == "speculative"
     assert extension["rounds"] >= 1 and extension["drafted"] >= extension["accepted"] >= 0
     assert body.usage.completion_tokens <= 16
+
+
+def test_prompt_lookup_draft_matches_the_target(smol_ngram_proxy: Process, smol_verifier: Process,
+                                                smol_tolerance: float) -> None:
+    check_identity(smol_ngram_proxy, smol_verifier, max_tokens=32, tolerance=smol_tolerance)
+    client = openai.OpenAI(base_url=smol_ngram_proxy.url + "/v1", api_key="unused", max_retries=0,
+                           default_headers=FORCE)
+    code = "def area(width, height):\n    return width * height\n"
+    raw = client.chat.completions.with_raw_response.create(
+        model="test", max_tokens=40, temperature=0,
+        messages=[{"role": "user", "content": f"Repeat this code exactly, then stop:\n{code}"}])
+    extension = raw.parse().model_extra["speculoos"]
+    assert extension["accepted"] > 0  # the answer copies the prompt: lookup drafts get accepted
+
+
+@pytest.mark.slow
+def test_qwen_route_controller_decides_from_its_own_measurements(qwen_proxy: Process) -> None:
+    """Never slower: on this CPU the Qwen pair's route must end in passthrough or a K that measurably pays."""
+    client = openai.OpenAI(base_url=qwen_proxy.url + "/v1", api_key="unused", max_retries=0)
+    for case in CASES[:8]:  # a varied workload, the controller free to choose
+        run(client, case, max_tokens=24)
+    status = http.get(qwen_proxy.url + "/speculoos/status").json()["routes"][0]
+    print({k: status[k] for k in ("mode", "k", "reason", "alpha", "plain_tokens_per_second",
+                                  "draft_seconds_per_token", "verify_seconds_by_k")})
+    assert status["plain_tokens_per_second"] is not None and status["verify_seconds_by_k"]
+    best = max(r for r in status["predicted_tokens_per_second_by_k"].values() if r is not None)
+    if status["mode"] == "speculative":
+        assert best > status["plain_tokens_per_second"], "speculating although its own measurements say it loses"
+    else:
+        assert status["k"] == 0 and status["reason"]

@@ -21,6 +21,9 @@ from scipy.stats import chisquare
 from tests import support as http
 from tests.conftest import DRAFT_QWEN, TARGET_QWEN, Process
 
+# Exactness is tested on speculative rounds: the controller must not route these requests around them.
+FORCE = {"X-Speculoos": "on"}
+
 PROMPT = "Write one word that describes the ocean."
 REQUESTS = 300
 SIGNIFICANCE = 1e-3
@@ -106,7 +109,8 @@ def test_first_token_follows_the_target_distribution(
     pieces = pieces_for(qwen_verifier, likely)
     expected = piece_distribution(np.where(target * REQUESTS >= 0.5, target, 0.0), pieces)
     expected["<rare>"] += 1.0 - sum(expected.values())
-    client = openai.OpenAI(base_url=qwen_proxy.url + "/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=qwen_proxy.url + "/v1", api_key="unused", max_retries=0,
+                           default_headers=FORCE)
     texts, modes = [], Counter()
     for seed in range(REQUESTS):
         raw = client.chat.completions.with_raw_response.create(
@@ -135,7 +139,8 @@ def test_first_token_follows_the_target_distribution(
 
 
 def test_seeded_sampled_request_is_reproducible(smol_proxy: Process) -> None:
-    client = openai.OpenAI(base_url=smol_proxy.url + "/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=smol_proxy.url + "/v1", api_key="unused", max_retries=0,
+                           default_headers=FORCE)
     texts = []
     for _ in range(2):
         raw = client.chat.completions.with_raw_response.create(

@@ -449,3 +449,61 @@ def test_sample_never_picks_zero_probability() -> None:
     probs = np.array([0.0, 0.5, 0.0, 0.5, 0.0])
     rng = np.random.default_rng(5)
     assert {sample(probs, rng) for _ in range(2_000)} == {1, 3}
+
+
+# --- the folded vocabulary (KnownSupport): what the verifier's draft_support extension feeds ---
+
+def _fold(target_row: np.ndarray, draft_rows: np.ndarray, target_rows: np.ndarray, draft_tokens: list[int],
+          rng: np.random.Generator, outside_sampler: object) -> "KnownSupport":
+    """Build a KnownSupport as the verifier does: draft support ids, target probs on them, an outside draw."""
+    from proxy.sampling import KnownSupport
+
+    k, vocab = draft_rows.shape
+    width = max(int(np.count_nonzero(row)) for row in draft_rows)
+    ids = np.full((k + 1, width), -1, dtype=np.int64)
+    target = np.zeros((k + 1, width))
+    draft = np.zeros((k, width))
+    outside_mass = np.zeros(k + 1)
+    outside_tokens = np.full(k + 1, -1, dtype=np.int64)
+    for position in range(k):
+        support = np.flatnonzero(draft_rows[position])
+        ids[position, : support.size] = support
+        target[position, : support.size] = target_rows[position, support]
+        draft[position, : support.size] = draft_rows[position, support]
+        rest = target_rows[position].copy()
+        rest[support] = 0.0
+        outside_mass[position] = rest.sum()
+        outside_tokens[position] = outside_sampler(rest, rng) if rest.sum() > 0 else -1
+    outside_mass[k] = 1.0
+    outside_tokens[k] = sample(target_rows[k], rng)
+    return KnownSupport(ids, draft, target, outside_mass, outside_tokens)
+
+
+def _first_token_counts(outside_sampler, rounds: int = 20_000) -> tuple[np.ndarray, np.ndarray]:
+    from proxy.sampling import verify_on_support
+
+    rng = np.random.default_rng(20261121)
+    vocab, k = 8, 2
+    target_rows = np.array([[0.30, 0.25, 0.15, 0.10, 0.08, 0.06, 0.04, 0.02]] * (k + 1))
+    draft_full = np.array([0.05, 0.40, 0.05, 0.30, 0.05, 0.05, 0.05, 0.05])
+    draft_row = np.zeros(vocab)
+    draft_row[[1, 3, 0]] = draft_full[[1, 3, 0]]  # the draft's top 3, renormalised (a truncated support)
+    draft_row /= draft_row.sum()
+    draft_rows = np.stack([draft_row] * k)
+    counts = np.zeros(vocab)
+    for _ in range(rounds):
+        tokens = [sample(draft_rows[i], rng) for i in range(k)]
+        support = _fold(target_rows[0], draft_rows, target_rows, tokens, rng, outside_sampler)
+        counts[verify_on_support(tokens, support, rng).emitted[0]] += 1
+    return counts, target_rows[0] * rounds
+
+
+def test_folded_support_first_token_follows_the_target() -> None:
+    counts, expected = _first_token_counts(lambda rest, rng: sample(rest, rng))
+    assert stats.chisquare(counts, expected).pvalue > 1e-3
+
+
+def test_folded_support_negative_control_biased_outside_draw_fails() -> None:
+    # A verifier that draws the outside token as the most likely one instead of sampling it.
+    counts, expected = _first_token_counts(lambda rest, rng: int(np.argmax(rest)))
+    assert stats.chisquare(counts, expected).pvalue < 1e-6
