@@ -10,6 +10,7 @@ from collections.abc import Sequence
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser; each module registers its own sub-command."""
     from proxy import cli_serve, models, relay
+    from proxy.bench import cli as bench_cli
     from proxy.verifier import cli as verifier_cli
 
     parser = argparse.ArgumentParser(prog="speculoos", description=__doc__)
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     verifier_cli.add_cli(commands)
     models.add_cli(commands)
     relay.add_cli(commands)
+    bench_cli.add_cli(commands)
     return parser
 
 

@@ -206,8 +206,8 @@ def _hooks(request: web.Request, runtime: RouteRuntime, control: RequestControl)
             return 0
         return max(decision.k, 1)
 
-    def on_round(k: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        controller.record_round(k, accepted, draft_s, verify_s)
+    def on_round(k: int, accepted: int, draft_s: float, verify_s: float, warm: bool) -> None:
+        controller.record_round(k, accepted, draft_s, verify_s, costs=warm)
         metrics.record_round(name, k, accepted, draft_s, verify_s)
 
     return RoundHooks(next_k=next_k, on_round=on_round, on_plain=controller.record_plain)

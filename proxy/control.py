@@ -85,13 +85,17 @@ class RouteController:
 
     # -- measurements -------------------------------------------------------------------------
 
-    def record_round(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        """One speculative round's outcome and costs."""
+    def record_round(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float,
+                     *, costs: bool = True) -> None:
+        """One speculative round's outcome, and its costs unless they include a prefill (costs=False)."""
         if k > 0:
             self.alpha.add(accepted / k)
-            self.draft_per_token.add(draft_seconds / k)
             for position in range(min(k, len(self.alpha_per_position))):
                 self.alpha_per_position[position].add(1.0 if position < accepted else 0.0)
+        if not costs:
+            return
+        if k > 0:
+            self.draft_per_token.add(draft_seconds / k)
         self.verify_by_k.setdefault(k, Ewma(self.settings.ewma_alpha)).add(verify_seconds)
 
     def record_plain(self, tokens: int, seconds: float) -> None:

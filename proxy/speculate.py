@@ -27,6 +27,7 @@ class RoundStats:
     accepted: int = 0
     emitted: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    round_trace: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per round
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     max_tv_bound: float = 0.0  # bounded sampling: the largest per-token total-variation bound seen
@@ -46,6 +47,7 @@ class RoundStats:
     def record(self, drafted: int, accepted: int, emitted: int) -> None:
         """Add one round."""
         self.rounds += 1
+        self.round_trace.append((drafted, accepted))
         self.drafted += drafted
         self.accepted += accepted
         self.emitted += emitted
@@ -64,6 +66,7 @@ class RoundStats:
             "draft_ms": round(self.draft_seconds * 1000, 1), "verify_ms": round(self.verify_seconds * 1000, 1),
             "max_tv_bound": round(self.max_tv_bound, 6),
             "switched_to_plain": self.switched_to_plain, "plain_tokens": self.plain_tokens,
+            "round_trace": [list(r) for r in self.round_trace],
         }
 
 
@@ -99,7 +102,9 @@ class RoundHooks:
     """How the loop asks for each round's K and reports what happened (the route's controller and metrics)."""
 
     next_k: Callable[[int], int] = lambda rounds_done: -1  # -1: the plan's k; 0: switch to plain decoding
-    on_round: Callable[[int, int, float, float], None] = lambda k, accepted, draft_s, verify_s: None
+    # k, accepted, draft seconds, verify seconds, and whether the round is warm (not the first, which
+    # also pays the prompt's prefill on both sides and would bias the per-token costs)
+    on_round: Callable[[int, int, float, float, bool], None] = lambda k, accepted, draft_s, verify_s, warm: None
     on_plain: Callable[[int, float], None] = lambda tokens, seconds: None
 
 
@@ -132,7 +137,7 @@ async def speculative_tokens(
         stats.verify_seconds += verify_s
         stats.max_tv_bound = max(stats.max_tv_bound, bound)
         result = verify_on_support(proposal.tokens, support, rng)
-        hooks.on_round(len(proposal), result.accepted, draft_s, verify_s)
+        hooks.on_round(len(proposal), result.accepted, draft_s, verify_s, stats.rounds > 0)
         emitted = list(result.emitted)[:remaining]
         stats.record(len(proposal), result.accepted, len(emitted))
         produced += len(emitted)

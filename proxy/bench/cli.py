@@ -34,13 +34,14 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--workloads", default=None,
                        help="comma-separated names or .json files (default: all shipped: "
                             f"{','.join(builtin_names())})")
-    bench.add_argument("--prompts", type=int, default=10, metavar="N", help="first N prompts of each workload")
-    bench.add_argument("--repeat", type=int, default=3, metavar="R", help="repetitions of every request")
+    bench.add_argument("--prompts", type=int, default=10, metavar="N", help="first N prompts of each workload (default 10)")
+    bench.add_argument("--repeat", type=int, default=3, metavar="R", help="repetitions of every request (default 3)")
     bench.add_argument("--max-tokens", type=int, default=None, metavar="M",
                        help="override each prompt's max_tokens")
-    bench.add_argument("--modes", default=DEFAULT_MODES, help=f"proxy modes: auto, on, off, k=N (default {DEFAULT_MODES})")
+    bench.add_argument("--modes", default=DEFAULT_MODES,
+                       help=f"proxy modes: auto, on, off, k=N (default {DEFAULT_MODES})")
     bench.add_argument("--warmup", type=int, default=1, help="uncounted warm-up requests per path (default 1)")
-    bench.add_argument("--timeout", type=float, default=600.0, help="seconds of silence before a request fails")
+    bench.add_argument("--timeout", type=float, default=600.0, help="seconds of silence before a request fails (default 600)")
     bench.add_argument("--json", type=Path, metavar="FILE", help="write the full results as JSON")
     bench.add_argument("--markdown", type=Path, metavar="FILE", help="write the table as Markdown")
     bench.add_argument("--chart", type=Path, metavar="FILE", help="write a PNG chart of speedup against K")
@@ -127,7 +128,8 @@ def _bench(args: argparse.Namespace) -> int:
         modes = runner.parse_modes(args.modes)
     except ValueError as exc:
         raise BenchError(f"--modes: {exc}") from exc
-    workloads = [load(name.strip()) for name in (args.workloads or ",".join(builtin_names())).split(",") if name.strip()]
+    names = (args.workloads or ",".join(builtin_names())).split(",")
+    workloads = [load(name.strip()) for name in names if name.strip()]
     samples, status, model = asyncio.run(_measure(args, workloads, modes))
     route = _route_status(status, args.route)
     rows = summarise(samples, [m.name for m in modes], Costs.from_status(route) if route else None)

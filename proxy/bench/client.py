@@ -87,7 +87,7 @@ async def stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
                         continue
                     if chunk := _chunk_text(event):
                         last = time.perf_counter()
-                        first = first or last
+                        first = last if first is None else first
                         text += chunk
                     usage = event.get("usage") or usage
                     extension = event.get("speculoos") or extension

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.bench.simulate import SIMULATION, TRACE_FORMAT, SimulatedRow
-from proxy.bench.stats import DIRECT, PASSTHROUGH_MODE, Identity, Row, Sample
+from proxy.bench.stats import DIRECT, PASSTHROUGH_MODE, Identity, Row, Sample, pinned_k
 
 SCHEMA_VERSION = 1
 PREDICTED = " (predicted)"  # chart line-name suffix: drawn dashed in the workload's colour
@@ -61,7 +61,8 @@ def simulation_markdown(rows: Sequence[SimulatedRow], description: str) -> str:
              "| formula |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.workload} | {r.mode} | {r.requests} | {r.rounds} | {_num(r.alpha, 2)} | {r.mean_k:.1f} "
-                     f"| {r.tokens_per_round:.2f} | {r.speedup:.2f}× | {r.per_request.low:.2f}–{r.per_request.high:.2f} "
+                     f"| {r.tokens_per_round:.2f} | {r.speedup:.2f}× "
+                     f"| {r.per_request.low:.2f}–{r.per_request.high:.2f} "
                      f"| {r.formula_speedup:.2f}× |")
     lines += ["", f"{SIMULATION}: replayed acceptance under an assumed cost model, not a measurement. "
               "formula: Leviathan's i.i.d. prediction at the same α and mean K."]
@@ -101,9 +102,7 @@ def trace_json(samples: Sequence[Sample], config: Mapping[str, Any], status: Map
 
 
 def _k_of(mode: str) -> int | None:
-    if mode == PASSTHROUGH_MODE:
-        return 0
-    return int(mode[2:]) if mode.startswith("k=") else None
+    return 0 if mode == PASSTHROUGH_MODE else pinned_k(mode)
 
 
 def chart(path: Path, series: Mapping[str, Mapping[str, list[tuple[int, float]]]], title: str) -> None:

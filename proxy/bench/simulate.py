@@ -49,7 +49,7 @@ class CostModel:
         return drafted * self.draft_ms + self.verify_ms(drafted) + self.rtt_ms
 
 
-def cost_model(name: str, *, draft_ms: float | None, verify_ms_flat: float | None = None,
+def cost_model(name: str, *, draft_ms: float | None = None, verify_ms_flat: float | None = None,
                verify_ms_per_token: float | None = None, rtt_ms: float = 0.0,
                plain_ms: float | None = None) -> CostModel:
     """Validate the numbers for one of COST_MODELS.

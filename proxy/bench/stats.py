@@ -12,7 +12,7 @@ Glossary (one row = one workload in one mode):
     efficiency       decode speedup ÷ predicted = measured decode rate ÷ predicted rate: what the
                      formula does not explain (proxy overhead, HTTP, tokenization, cost drift).
 Deviation from the paper: in `auto` mode K varies per round; the prediction uses the mean K
-(drafted ÷ rounds), which E(α, k) accepts as a real number.
+(drafted ÷ rounds), which E(α, k) accepts as a real number. A `k=N` mode is predicted at N.
 """
 
 from __future__ import annotations
@@ -96,14 +96,23 @@ class Costs:
         return cls(route.get("draft_seconds_per_token"), by_k, route.get("plain_tokens_per_second"))
 
     def verify_seconds(self, k: float) -> float | None:
-        """Measured verification time at k, or a least-squares line through the measured K (as the controller)."""
+        """Verification time at k: measured, interpolated between the measured K around it, or extrapolated
+        along a least-squares line through every measured K (as the controller does)."""
         if k in self.verify_seconds_by_k:
             return self.verify_seconds_by_k[int(k)]
         if len(self.verify_seconds_by_k) < 2:
             return None  # one point cannot tell a flat (GPU) cost from a steep (CPU) one
-        ks = np.array(list(self.verify_seconds_by_k), dtype=float)
-        slope, intercept = np.polyfit(ks, np.array(list(self.verify_seconds_by_k.values())), 1)
+        ks = np.array(sorted(self.verify_seconds_by_k), dtype=float)
+        seconds = np.array([self.verify_seconds_by_k[int(x)] for x in ks])
+        if ks[0] < k < ks[-1]:
+            return float(np.interp(k, ks, seconds))  # neighbours only: one slow outlier K elsewhere cannot skew it
+        slope, intercept = np.polyfit(ks, seconds, 1)
         return max(float(intercept + slope * k), 0.0)
+
+
+def pinned_k(mode: str) -> int | None:
+    """N for a `k=N` mode."""
+    return int(mode[2:]) if mode.startswith("k=") and mode[2:].isdigit() else None
 
 
 def predicted_rate(alpha: float, k: float, draft_seconds_per_token: float, verify_seconds: float) -> float:
@@ -173,7 +182,8 @@ def _row(workload: str, mode: str, samples: Sequence[Sample], baseline: Row | No
         if share == 0.0:
             predicted = 1.0  # everything went the plain way: the ideal is the direct rate
         elif costs is not None and alpha is not None and mean_k is not None:
-            predicted = predicted_speedup(alpha, mean_k, costs, plain_rate, share)
+            # A pinned K drafts fewer only in a generation's last round; auto mode's K varies.
+            predicted = predicted_speedup(alpha, pinned_k(mode) or mean_k, costs, plain_rate, share)
     speedup = _ratio(rate.median if rate else None, baseline.tokens_per_second.median
                      if baseline and baseline.tokens_per_second else None)
     decode_speedup = _ratio(baseline.itl_ms if baseline else None, itl * 1000.0 if itl else None)
