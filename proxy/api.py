@@ -187,7 +187,7 @@ async def _pass(request: web.Request, runtime: RouteRuntime, body: bytes, starte
     return response
 
 
-def _hooks(request: web.Request, runtime: RouteRuntime, control: RequestControl) -> RoundHooks:
+def _hooks(request: web.Request, runtime: RouteRuntime, control: RequestControl, stats: RoundStats) -> RoundHooks:
     """Connect the round loop to the route's controller and the metrics."""
     controller, metrics, name = runtime.controller, request.app[METRICS], runtime.name
 
@@ -197,7 +197,7 @@ def _hooks(request: web.Request, runtime: RouteRuntime, control: RequestControl)
         if rounds_done < MIN_ROUNDS_BEFORE_SWITCH:
             return controller.current.k or -1  # a probe (current k = 0) uses the configured k
         previous = controller.current
-        decision = controller.decide()
+        decision = controller.decide(request_alpha=stats.acceptance_rate)
         metrics.set_decision(name, decision.k, controller.alpha.value)
         if (decision.k > 0) != (previous.k > 0) or decision.k != previous.k:
             log.info("decision", k=decision.k, reason=decision.reason)
@@ -253,7 +253,7 @@ async def _speculate(request: web.Request, runtime: RouteRuntime, parsed: Genera
     stream = TextStream(draft.engine.token_bytes, draft.engine.is_end_of_generation,
                         stop=parsed.stop, max_tokens=max_tokens)
     tokens = speculative_tokens(draft, runtime.target, prompt_ids, max_tokens, plan,
-                                np.random.default_rng(parsed.seed), stats, _hooks(request, runtime, control))
+                                np.random.default_rng(parsed.seed), stats, _hooks(request, runtime, control, stats))
     response, outcome = await write_generation(
         request, parsed, _timed(tokens, started, request, runtime.name), stream, len(prompt_ids),
         headers={MODE_HEADER: SPECULATIVE}, extension=lambda: {"mode": SPECULATIVE, **stats.as_dict()})

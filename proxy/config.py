@@ -196,7 +196,7 @@ class FallbackConfig(_Section):
     k_max: int = Field(default=8, ge=1, le=MAX_K)
     hysteresis: float = Field(default=0.05, ge=0, le=1)
     probe_every_requests: int = Field(default=20, ge=1)
-    probe_every_seconds: float = Field(default=60.0, gt=0)
+    probe_every_seconds: float = Field(default=300.0, gt=0)
     ewma_alpha: float = Field(default=0.1, gt=0, le=1)
 
     @field_validator("k_max")

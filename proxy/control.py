@@ -121,12 +121,13 @@ class RouteController:
         slope, intercept = np.polyfit(ks, np.array(list(measured.values())), 1)
         return max(float(intercept + slope * k), 1e-6)
 
-    def speculative_rate(self, k: int) -> float | None:
-        """Predicted tokens/s with k drafts per round."""
+    def speculative_rate(self, k: int, alpha: float | None = None) -> float | None:
+        """Predicted tokens/s with k drafts per round (at the route's α unless one is given)."""
         verify = self.verify_time(k)
         if verify is None or self.draft_per_token.value is None:
             return None
-        alpha = self.alpha.value if self.alpha.value is not None else UNMEASURED_ALPHA
+        if alpha is None:
+            alpha = self.alpha.value if self.alpha.value is not None else UNMEASURED_ALPHA
         return expected_tokens(alpha, k) / (k * self.draft_per_token.value + verify)
 
     @property
@@ -137,20 +138,23 @@ class RouteController:
 
     # -- decisions ------------------------------------------------------------------------------
 
-    def decide(self, pinned_k: int | None = None) -> Decision:
-        """The K for the next round (0 = switch to plain decoding)."""
+    def decide(self, request_alpha: float | None = None) -> Decision:
+        """The K for the next round (0 = switch to plain decoding).
+
+        `request_alpha`, the running request's own acceptance rate, is the best estimate for its
+        workload (code editing and open chat differ wildly on one route); the route's α serves
+        when the request has none yet.
+        """
         s = self.settings
-        if pinned_k is not None:
-            return Decision(pinned_k, "pinned by the request")
-        rates = {k: self.speculative_rate(k) for k in range(s.k_min, s.k_max + 1)}
+        alpha = request_alpha if request_alpha is not None else self.alpha.value
+        rates = {k: self.speculative_rate(k, alpha) for k in range(s.k_min, s.k_max + 1)}
         known = {k: r for k, r in rates.items() if r is not None}
         if not known:
             return self._set(Decision(self.configured_k, "not measured yet: speculating with the configured k"))
         best_k = max(known, key=lambda k: known[k])
         plain = self.plain_rate
-        if self.alpha.value is not None and self.alpha.samples >= MIN_ROUNDS_BEFORE_SWITCH \
-                and self.alpha.value < s.min_acceptance:
-            return self._set(Decision(PASSTHROUGH_K, f"α {self.alpha.value:.2f} below min_acceptance "
+        if alpha is not None and self.alpha.samples >= MIN_ROUNDS_BEFORE_SWITCH and alpha < s.min_acceptance:
+            return self._set(Decision(PASSTHROUGH_K, f"α {alpha:.2f} below min_acceptance "
                                       f"{s.min_acceptance}", plain, plain))
         if plain is None:
             return self._set(Decision(best_k, "passthrough rate not measured yet", known[best_k]))

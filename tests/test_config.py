@@ -123,7 +123,7 @@ def test_defaults_fill_in() -> None:
         k_max=8,
         hysteresis=0.05,
         probe_every_requests=20,
-        probe_every_seconds=60,
+        probe_every_seconds=300,
         ewma_alpha=0.1,
     )
     assert parse("routes: [{upstream: {url: 'http://h'}, draft: {model: m}}]").routes[0].draft == DraftConfig(

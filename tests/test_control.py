@@ -114,3 +114,12 @@ def test_status_is_json_friendly() -> None:
     status = c.status()
     assert json.loads(json.dumps(status))["mode"] == "speculative"
     assert status["alpha"] == pytest.approx(0.75)
+
+
+def test_a_request_decides_with_its_own_acceptance_rate() -> None:
+    """A code-editing request (α = 1) keeps speculating on a route whose average α is low."""
+    c, _ = controller(k_min=4, k_max=4, min_acceptance=0.3)
+    feed_rounds(c, 4, 0, draft_s=0.0, verify_s=0.10)  # the route's α: 0
+    c.record_plain(tokens=100, seconds=100 * 0.05)  # 20 tok/s plain
+    assert c.decide().k == 0
+    assert c.decide(request_alpha=1.0).k == 4  # 5 tokens per 0.1 s round: 50 tok/s
