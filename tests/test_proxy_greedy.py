@@ -98,21 +98,24 @@ def check_identity(proxy: Process, verifier: Process, max_tokens: int, tolerance
             failures.append(f"{case.name}: same text but finish/usage differ: {expected[1:]} vs {actual[1:]}")
             continue
         where = greedy.find_divergence(verifier.url, prompt_ids(verifier, case), expected[0], actual[0])
-        line = f"{case.name}: diverged at token {where.token_index}, target top-2 margin {where.margin:.4f}"
+        line = (f"{case.name}: diverged at token {where.token_index}, target top-2 margin {where.margin:.4f}"
+                f"{', flips in a verification-shaped batch' if where.flips else ''}")
         report.append(line)
-        if where.margin > tolerance:
+        if not where.is_near_tie(tolerance):
             failures.append(f"{line} > tolerance {tolerance:.4f}\n  expected {expected[0]!r}\n  actual   {actual[0]!r}")
-    print(f"tolerance (measured batch-vs-sequential logit-gap change): {tolerance:.4f}")
+    print(f"near-tie tolerance (twice the measured batch-vs-sequential logit-gap change): {tolerance:.4f}")
     print("\n".join(report))
     assert not failures, "\n".join(failures)
     return report
 
 
+CALIBRATION_TEXT = "\n".join(case.text for case in CASES)  # the tolerance is measured on the cases' own text
+
+
 @pytest.fixture(scope="module")
 def smol_tolerance(smol_verifier: Process) -> float:
-    """SmolLM2's measured batch-vs-sequential logit-gap discrepancy."""
-    ids = greedy.tokenize(smol_verifier.url, {"prompt": CASES[0].text + " " + CASES[2].text})
-    return greedy.batch_vs_sequential_gap(smol_verifier.url, ids)
+    """SmolLM2's near-tie tolerance from its measured batch-vs-sequential discrepancy."""
+    return greedy.near_tie_tolerance(smol_verifier.url, greedy.tokenize(smol_verifier.url, {"prompt": CALIBRATION_TEXT}))
 
 
 def test_smollm2_self_draft_matches_the_target(smol_proxy: Process, smol_verifier: Process,
@@ -123,8 +126,8 @@ def test_smollm2_self_draft_matches_the_target(smol_proxy: Process, smol_verifie
 
 @pytest.mark.slow
 def test_qwen_pair_matches_the_target(qwen_proxy: Process, qwen_verifier: Process) -> None:
-    ids = greedy.tokenize(qwen_verifier.url, {"prompt": CASES[0].text + " " + CASES[2].text})
-    tolerance = greedy.batch_vs_sequential_gap(qwen_verifier.url, ids)
+    tolerance = greedy.near_tie_tolerance(qwen_verifier.url, greedy.tokenize(qwen_verifier.url,
+                                                                             {"prompt": CALIBRATION_TEXT}))
     report = check_identity(qwen_proxy, qwen_verifier, max_tokens=48, tolerance=tolerance)
     assert sum("identical" in line for line in report) >= len(CASES) // 2
 

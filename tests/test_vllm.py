@@ -265,3 +265,67 @@ def test_greedy_through_the_proxy_is_vllms_own_greedy(vllm_proxy: Process, vllm_
     else:
         print(f"identical ({reply.usage.completion_tokens} tokens); speculoos: {reply.model_extra.get('speculoos')}")
     assert reply.choices[0].finish_reason == direct["choices"][0]["finish_reason"]
+
+
+FIRST_TOKEN_PROMPT = [{"role": "user", "content": "Write one word that describes the ocean."}]
+FIRST_TOKEN_REQUESTS = 300
+
+
+def test_first_token_follows_vllms_distribution(vllm_proxy: Process, vllm_url: str) -> None:
+    """Temperature 0.7, top_k 20 (exact from vLLM's top 20): the first token follows vLLM's own distribution.
+
+    vLLM applies temperature, then top-k (vllm/v1/sample/sampler.py); the expected distribution is
+    computed here from vLLM's raw top-20 logprobs, not by the proxy's sampler. The SmolLM2 self-pair
+    rarely rejects, so unlike tests/test_proxy_sampling.py this cannot show that the
+    argmax-on-rejection bug would fail here; it checks the vLLM path end to end.
+    """
+    from collections import Counter
+
+    import numpy as np
+    from scipy.stats import chisquare
+
+    prompt_ids = http.post_json(vllm_url + "/tokenize", {"model": MODEL, "messages": FIRST_TOKEN_PROMPT,
+                                                        "add_generation_prompt": True}).json()["tokens"]
+    _, tops = greedy(vllm_url, prompt_ids, 1, top_n=20)
+    ids = list(tops[0])
+    tempered = np.exp(np.array([tops[0][i] for i in ids]) / 0.7)
+    expected = dict(zip(ids, tempered / tempered.sum()))
+    text_of = {i: http.post_json(vllm_url + "/detokenize", {"model": MODEL, "tokens": [i]}).json()["prompt"]
+               for i in ids}
+    client = openai.OpenAI(base_url=vllm_proxy.url + "/v1", api_key="unused", max_retries=0,
+                           default_headers={"X-Speculoos": "on"})
+    seen: Counter = Counter()
+    for seed in range(FIRST_TOKEN_REQUESTS):
+        reply = client.chat.completions.create(model=MODEL, messages=FIRST_TOKEN_PROMPT, max_tokens=1,
+                                               temperature=0.7, seed=seed, extra_body={"top_k": 20})
+        seen[reply.choices[0].message.content] += 1
+    by_text: Counter = Counter()
+    for token, probability in expected.items():
+        by_text[text_of[token]] += probability
+    assert sum(seen.values()) == FIRST_TOKEN_REQUESTS and set(seen) <= set(by_text)
+    bins = [t for t, p in by_text.items() if p * FIRST_TOKEN_REQUESTS >= 5]
+    observed = [seen[t] for t in bins] + [FIRST_TOKEN_REQUESTS - sum(seen[t] for t in bins)]
+    wanted = [by_text[t] * FIRST_TOKEN_REQUESTS for t in bins]
+    wanted.append(FIRST_TOKEN_REQUESTS - sum(wanted))
+    if wanted[-1] < 1e-9:
+        observed, wanted = observed[:-1], wanted[:-1]
+    pvalue = chisquare(observed, np.array(wanted) * sum(observed) / sum(wanted)).pvalue
+    print(f"vLLM first token: chi-square p = {pvalue:.4f}; {seen.most_common(4)}")
+    assert pvalue > 1e-3
+
+
+def test_status_shows_vllms_verification_cost_and_the_decision(vllm_proxy: Process) -> None:
+    """vLLM re-prefills the context every round: /speculoos/status shows the measured cost and the choice."""
+    long_chat = [{"role": "user", "content": "Summarise: " + "The harbour was busy at dawn. " * 40}]
+    client = openai.OpenAI(base_url=vllm_proxy.url + "/v1", api_key="unused", max_retries=0)
+    for _ in range(3):
+        client.chat.completions.create(model=MODEL, messages=long_chat, max_tokens=24, temperature=0)
+    route = http.get(vllm_proxy.url + "/speculoos/status").json()["routes"][0]
+    print({k: route[k] for k in ("mode", "k", "reason", "verify_seconds_by_k", "plain_tokens_per_second")})
+    assert route["protocol"] == "vllm" and route["verify_seconds_by_k"]
+    assert route["plain_tokens_per_second"] is not None
+    best = max(r for r in route["predicted_tokens_per_second_by_k"].values() if r is not None)
+    if route["mode"] == "speculative":
+        assert best > route["plain_tokens_per_second"]
+    else:
+        assert route["k"] == 0 and ("plain" in route["reason"] or "min_acceptance" in route["reason"])
