@@ -23,10 +23,9 @@ import structlog
 from aiohttp import web
 
 from proxy.control import MIN_ROUNDS_BEFORE_SWITCH
-from proxy.errors import BadRequestError, ContextOverflowError, NotFoundError, UpstreamError
+from proxy.errors import BadRequestError, NotFoundError, UpstreamError
 from proxy.openai_wire import CHAT, COMPLETION, GenerationRequest, parse_generation_request, write_generation
 from proxy.passthrough import TokenMeter, forward
-from proxy.sampling import SamplingParams
 from proxy.speculate import RoundHooks, RoundPlan, RoundStats, speculative_tokens
 from proxy.state import CONFIG, METRICS, RUNTIMES, RouteRuntime
 from proxy.targets.topn import bound_problem, exactness_problem
@@ -81,11 +80,6 @@ def _runtime_for(request: web.Request, model: str | None) -> RouteRuntime:
     return request.app[RUNTIMES][route.name]
 
 
-def sampling_params(parsed: GenerationRequest) -> SamplingParams:
-    """The request's sampling parameters."""
-    return SamplingParams(parsed.temperature, parsed.top_k, parsed.top_p, parsed.min_p)
-
-
 async def _tokenizer_problem(runtime: RouteRuntime) -> str | None:
     """Run the tokenizer check if start-up could not reach the upstream; the reason not to speculate."""
     if runtime.tokenizer is None:
@@ -112,10 +106,10 @@ async def _passthrough_reason(runtime: RouteRuntime, parsed: GenerationRequest, 
         return "parameters only the upstream can honour: " + ", ".join(parsed.unsupported)
     if not runtime.target.exact_support:
         spec = runtime.route.speculation
-        problem = exactness_problem(sampling_params(parsed), spec.top_logprobs, runtime.target.order)
+        problem = exactness_problem(parsed.sampling_params, spec.top_logprobs, runtime.target.order)
         if problem is not None and spec.sampling == "exact":
             return f"cannot be exact: {problem}"
-        if problem is not None and (bounded := bound_problem(sampling_params(parsed))) is not None:
+        if problem is not None and (bounded := bound_problem(parsed.sampling_params)) is not None:
             return f"cannot be bounded: {bounded}"
     if (mismatch := await _tokenizer_problem(runtime)) is not None:
         return mismatch
@@ -238,16 +232,11 @@ async def _speculate(request: web.Request, runtime: RouteRuntime, parsed: Genera
     authorization = request.headers.get("Authorization")  # case-insensitive lookup
     client_headers = {"Authorization": authorization} if authorization else None
     prompt_ids, context_size = await runtime.target.prompt_ids(parsed.body, parsed.kind, client_headers)
-    room = context_size - len(prompt_ids)
-    if room < 1 or (parsed.max_tokens or 0) > room:
-        raise ContextOverflowError(
-            f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({parsed.max_tokens}) exceed the "
-            f"upstream's context of {context_size} tokens", param="max_tokens")
-    max_tokens = parsed.max_tokens or room
+    max_tokens = parsed.max_tokens_within(len(prompt_ids), context_size, "the upstream's")
     if not draft.fits(len(prompt_ids) + max_tokens + spec.k):
         summary.update(mode=PASSTHROUGH, reason="prompt + max_tokens exceed the draft's context")
         return await _pass(request, runtime, forwarded, started, summary)
-    plan = RoundPlan(control.pinned_k or spec.k, sampling_params(parsed), runtime.target.order,
+    plan = RoundPlan(control.pinned_k or spec.k, parsed.sampling_params, runtime.target.order,
                      spec.top_logprobs, client_headers, max_tv=spec.max_tv)
     stats = RoundStats()
     stream = TextStream(draft.engine.token_bytes, draft.engine.is_end_of_generation,

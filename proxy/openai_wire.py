@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from proxy.errors import BadRequestError, SpeculoosError
+from proxy.errors import BadRequestError, ContextOverflowError, SpeculoosError
+from proxy.sampling import SamplingParams
 from proxy.textstream import TextStream
 
 CHAT = "chat"
@@ -60,6 +61,20 @@ class GenerationRequest:
     def greedy(self) -> bool:
         """Temperature 0: the output is the argmax at every step."""
         return self.temperature == 0
+
+    @property
+    def sampling_params(self) -> SamplingParams:
+        """The request's sampling parameters."""
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
+
+    def max_tokens_within(self, prompt_tokens: int, context_size: int, whose: str = "the") -> int:
+        """The tokens to generate: max_tokens, or what is left of the context; a 400 if it does not fit."""
+        room = context_size - prompt_tokens
+        if room < 1 or (self.max_tokens or 0) > room:
+            raise ContextOverflowError(
+                f"the prompt ({prompt_tokens} tokens) plus max_tokens ({self.max_tokens}) exceed {whose} "
+                f"context of {context_size} tokens", param="max_tokens")
+        return self.max_tokens or room
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
@@ -251,6 +266,15 @@ class GenerationOutcome:
     completion_tokens: int
 
 
+async def _open_stream(request: web.Request, shape: ResponseShape, headers: dict[str, str] | None) -> web.StreamResponse:
+    """Send the SSE headers and, for chat, the first chunk with the assistant role."""
+    response = web.StreamResponse(headers={**SSE_HEADERS, **(headers or {})})
+    await response.prepare(request)
+    if shape.kind == CHAT:
+        await response.write(sse_event(shape.chunk(None, None, role=True)))
+    return response
+
+
 async def write_generation(
     request: web.Request,
     parsed: GenerationRequest,
@@ -274,10 +298,7 @@ async def write_generation(
             delta = stream.push(batch)
             if parsed.stream:
                 if response is None:
-                    response = web.StreamResponse(headers={**SSE_HEADERS, **(headers or {})})
-                    await response.prepare(request)
-                    if parsed.kind == CHAT:
-                        await response.write(sse_event(shape.chunk(None, None, role=True)))
+                    response = await _open_stream(request, shape, headers)
                 if delta.text or delta.finish_reason:
                     await response.write(sse_event(shape.chunk(delta.text, delta.finish_reason)))
             if delta.finish_reason:
@@ -302,10 +323,7 @@ async def write_generation(
             body["speculoos"] = extension()
         return web.json_response(body, headers=headers), outcome
     if response is None:  # the generator produced nothing at all: still a well-formed stream
-        response = web.StreamResponse(headers={**SSE_HEADERS, **(headers or {})})
-        await response.prepare(request)
-        if parsed.kind == CHAT:
-            await response.write(sse_event(shape.chunk(None, None, role=True)))
+        response = await _open_stream(request, shape, headers)
         await response.write(sse_event(shape.chunk("", stream.close().finish_reason)))
     if parsed.include_usage:
         chunk = shape.usage_chunk(usage_obj)

@@ -318,6 +318,22 @@ class KnownSupport:
     outside_mass: np.ndarray  # [k + 1] the target's mass outside the ids
     outside_tokens: np.ndarray  # [k + 1] a target token drawn from outside the ids; -1 if no mass
 
+    @classmethod
+    def from_rows(cls, ids: Sequence[np.ndarray], target_probs: Sequence[np.ndarray],
+                  draft_probs: Sequence[np.ndarray], outside_mass: np.ndarray,
+                  outside_tokens: np.ndarray) -> KnownSupport:
+        """Pad per-position rows of different widths (k + 1 id and target rows, k draft rows) into arrays."""
+        width = max([len(row) for row in ids] + [1])
+        padded_ids = np.full((len(ids), width), -1, dtype=np.int64)
+        padded = {"target": np.zeros((len(ids), width)), "draft": np.zeros((len(draft_probs), width))}
+        for position, row in enumerate(ids):
+            padded_ids[position, : len(row)] = row
+            padded["target"][position, : len(row)] = target_probs[position]
+            if position < len(draft_probs):
+                padded["draft"][position, : len(row)] = draft_probs[position]
+        return cls(padded_ids, padded["draft"], padded["target"], np.asarray(outside_mass, dtype=np.float64),
+                   np.asarray(outside_tokens, dtype=np.int64))
+
 
 def verify_on_support(draft_tokens: Sequence[int], support: KnownSupport, rng: np.random.Generator) -> RoundResult:
     """verify() on the folded vocabulary (known ids + one outside column); returns real token ids."""

@@ -49,25 +49,29 @@ def parse_verification(answer: Any, draft_tokens: Sequence[int]) -> Verification
         raise UpstreamUnavailableError(f"upstream sent a malformed verification answer ({type(exc).__name__})") from exc
 
 
-def parse_support(answer: Any, draft_tokens: Sequence[int], support_ids: list[list[int]]) -> KnownSupport:
+def parse_support(answer: Any, draft_tokens: Sequence[int], support_ids: list[list[int]],
+                  draft_probs: np.ndarray) -> KnownSupport:
     """Turn a /generate answer with `draft_support` into the sampler's KnownSupport."""
     try:
         extension = answer["meta_info"]["draft_support"]
         bonus = int(answer["output_ids"][0])
         k = len(draft_tokens)
-        width = max([len(ids) for ids in support_ids] + [1])
-        ids = np.full((k + 1, width), -1, dtype=np.int64)
-        target = np.zeros((k + 1, width))
-        for position, (row_ids, probs) in enumerate(zip(support_ids, extension["target_probs"], strict=True)):
-            ids[position, : len(row_ids)] = row_ids
-            target[position, : len(row_ids)] = probs
-        outside_mass = np.array([*map(float, extension["outside_mass"]), 1.0])  # the bonus row: all "outside"
-        outside_tokens = np.array([-1 if t is None else int(t) for t in extension["outside_tokens"]] + [bonus])
-        if outside_mass.size != k + 1 or outside_tokens.size != k + 1:
+        target = [np.asarray(row, dtype=np.float64) for row in extension["target_probs"]]
+        outside_mass = [*map(float, extension["outside_mass"]), 1.0]  # the bonus row: all "outside"
+        outside_tokens = [-1 if t is None else int(t) for t in extension["outside_tokens"]] + [bonus]
+        if not len(target) == len(outside_mass) - 1 == len(outside_tokens) - 1 == k:
             raise ValueError("draft_support has the wrong length")
-        return KnownSupport(ids, np.zeros((k, width)), target, outside_mass, outside_tokens)
+        draft = [draft_probs[position, ids] for position, ids in enumerate(support_ids)]
+        return KnownSupport.from_rows([*support_ids, []], [*target, []], draft, np.array(outside_mass),
+                                      np.array(outside_tokens))
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise UpstreamUnavailableError(f"upstream sent a malformed draft_support answer ({type(exc).__name__})") from exc
+
+
+def sampling_body(params: SamplingParams, max_new_tokens: int, seed: int) -> dict[str, Any]:
+    """SGLang's sampling_params for the request's parameters (top_k -1 = off)."""
+    return {"max_new_tokens": max_new_tokens, "temperature": params.temperature, "top_k": params.top_k or -1,
+            "top_p": params.top_p, "min_p": params.min_p, "sampling_seed": seed}
 
 
 class SGLangTarget:
@@ -102,17 +106,12 @@ class SGLangTarget:
         support_ids = [np.flatnonzero(row).tolist() for row in draft_probs]
         body = {
             "input_ids": context + list(draft_tokens),
-            "sampling_params": {"max_new_tokens": 1, "temperature": params.temperature, "top_k": params.top_k or -1,
-                                "top_p": params.top_p, "min_p": params.min_p, "sampling_seed": seed},
+            "sampling_params": sampling_body(params, 1, seed),
             "logprob_start_len": len(context) - 1,
             DRAFT_SUPPORT_EXTENSION: support_ids,
         }
         answer = await self.upstream.post_json("/generate", body, client_headers=client_headers)
-        support = parse_support(answer, draft_tokens, support_ids)
-        draft = np.zeros_like(support.target_probs[:-1])
-        for position, row_ids in enumerate(support_ids):
-            draft[position, : len(row_ids)] = draft_probs[position, row_ids]
-        return KnownSupport(support.ids, draft, support.target_probs, support.outside_mass, support.outside_tokens)
+        return parse_support(answer, draft_tokens, support_ids, draft_probs)
 
     async def verify(self, context: list[int], draft_tokens: list[int], top_n: int,
                      client_headers: dict[str, str] | None = None) -> Verification:
@@ -133,9 +132,7 @@ class SGLangTarget:
         """Plain decoding on the target: up to max_new_tokens sampled by the server itself."""
         body = {
             "input_ids": context,
-            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": params.temperature,
-                                "top_k": params.top_k or -1, "top_p": params.top_p, "min_p": params.min_p,
-                                "sampling_seed": seed},
+            "sampling_params": sampling_body(params, max_new_tokens, seed),
         }
         answer = await self.upstream.post_json("/generate", body, client_headers=client_headers)
         try:

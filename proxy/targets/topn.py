@@ -69,17 +69,9 @@ def support_from_top_n(verification: Verification, draft_tokens: tuple[int, ...]
         ids = np.array(sorted(set(known) | set(draft_ids.tolist())), dtype=np.int64)  # ascending: argmax ties -> lower id
         logprobs = np.array([known.get(i, -math.inf) for i in ids.tolist()])
         rows.append((ids, processed_probs(logprobs, params, order),
-                     draft_probs[position, ids] if position < k else np.zeros(ids.size)))
+                     draft_probs[position, ids] if position < k else None))
         if not params.greedy and exactness_problem(params, len(scored.top_ids), order) is not None:
             worst = max(worst, unknown_mass_bound(logprobs[np.isfinite(logprobs)], params.temperature))
-    width = max(ids.size for ids, _, _ in rows)
-    ids = np.full((k + 1, width), -1, dtype=np.int64)
-    target = np.zeros((k + 1, width))
-    draft = np.zeros((k, width))
-    for position, (row_ids, row_target, row_draft) in enumerate(rows):
-        ids[position, : row_ids.size] = row_ids
-        target[position, : row_ids.size] = row_target
-        if position < k:
-            draft[position, : row_ids.size] = row_draft
-    support = KnownSupport(ids, draft, target, np.zeros(k + 1), np.full(k + 1, -1, dtype=np.int64))
+    ids, target, draft = zip(*rows)
+    support = KnownSupport.from_rows(ids, target, draft[:k], np.zeros(k + 1), np.full(k + 1, -1))
     return support, worst

@@ -15,7 +15,7 @@ import numpy as np
 from aiohttp import web
 
 from proxy.engine import EngineOptions, EngineRunner, LlamaEngine
-from proxy.errors import BadRequestError, ContextOverflowError
+from proxy.errors import BadRequestError
 from proxy.openai_wire import CHAT, COMPLETION, GenerationRequest, parse_generation_request, read_json, write_generation
 from proxy.sampling import SamplingParams
 from proxy.textstream import TextStream
@@ -125,15 +125,10 @@ async def _openai_generation(request: web.Request, kind: str) -> web.StreamRespo
     runner = request.app[RUNNER]
     engine = runner.engine
     prompt_ids = _prompt_ids(engine, parsed)
-    room = engine.n_ctx - len(prompt_ids)
-    if room < 1 or (parsed.max_tokens or 0) > room:
-        raise ContextOverflowError(
-            f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({parsed.max_tokens}) exceed the "
-            f"context of {engine.n_ctx} tokens", param="max_tokens")
-    max_tokens = parsed.max_tokens or room
-    params = SamplingParams(parsed.temperature, parsed.top_k, parsed.top_p, parsed.min_p)
+    max_tokens = parsed.max_tokens_within(len(prompt_ids), engine.n_ctx)
     stream = TextStream(engine.token_bytes, engine.is_end_of_generation, stop=parsed.stop, max_tokens=max_tokens)
-    tokens = _decode_one_by_one(runner, prompt_ids, params, max_tokens, np.random.default_rng(parsed.seed))
+    tokens = _decode_one_by_one(runner, prompt_ids, parsed.sampling_params, max_tokens,
+                                np.random.default_rng(parsed.seed))
     response, _ = await write_generation(request, parsed, tokens, stream, len(prompt_ids))
     return response
 
