@@ -19,7 +19,7 @@ from pathlib import Path
 from llama_cpp import Llama
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-from proxy import models
+from proxy.models import fetch as models
 
 WORKLOADS = Path(__file__).resolve().parent.parent / "proxy" / "workloads"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -60,3 +61,10 @@ def sse_events(body: bytes) -> list[Any]:
             payload = "\n".join(data)
             events.append(payload if payload == "[DONE]" else json.loads(payload))
     return events
+
+
+def free_port() -> int:
+    """A port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

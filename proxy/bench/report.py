@@ -14,7 +14,7 @@ SCHEMA_VERSION = 1
 PREDICTED = " (predicted)"  # chart line-name suffix: drawn dashed in the workload's colour
 NEAR_TIE_NOTE = ("llama.cpp's logits depend on batch shape, so a verification pass can break a near-tie of the "
                  "target's top two logits differently from plain decoding: a greedy difference is not by itself "
-                 "a bug (tests/greedy.py checks each one against the target's margin).")
+                 "a bug (tests/e2e/greedy.py checks each one against the target's margin).")
 NOTES = ("tok/s: output tokens ÷ request time, end to end. speedup: median tok/s ÷ direct's. "
          "ITL: time per token after the first; decode ×: direct's ITL ÷ this ITL. "
          "predicted: Leviathan's formula from the row's α and the proxy's measured costs (/speculoos/status), "

@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 
 from proxy.errors import UpstreamUnavailableError
-from proxy.openai_wire import CHAT
-from proxy.sampling import KnownSupport, SamplerOrder, SamplingParams
-from proxy.targets import PositionLogprobs, Verification
-from proxy.upstream import Upstream, UpstreamStatusError
+from proxy.wire.openai import CHAT
+from proxy.sampling.rejection import KnownSupport
+from proxy.sampling.processors import SamplerOrder, SamplingParams
+from proxy.targets.base import PositionLogprobs, Verification
+from proxy.targets.upstream import Upstream, UpstreamStatusError
 
 DRAFT_SUPPORT_EXTENSION = "draft_support_ids"
 

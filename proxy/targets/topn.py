@@ -16,8 +16,10 @@ import math
 
 import numpy as np
 
-from proxy.sampling import KnownSupport, SamplerOrder, SamplingParams, processed_probs
-from proxy.targets import Verification
+from proxy.sampling.rejection import KnownSupport
+
+from proxy.sampling.processors import SamplerOrder, SamplingParams, processed_probs
+from proxy.targets.base import Verification
 
 
 def exactness_problem(params: SamplingParams, top_n: int, order: SamplerOrder) -> str | None:

@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 
 from proxy.errors import UpstreamUnavailableError
-from proxy.openai_wire import CHAT
-from proxy.sampling import KnownSupport, SamplerOrder, SamplingParams
-from proxy.targets import PositionLogprobs, Verification
-from proxy.upstream import Upstream, UpstreamStatusError
+from proxy.wire.openai import CHAT
+from proxy.sampling.rejection import KnownSupport
+from proxy.sampling.processors import SamplerOrder, SamplingParams
+from proxy.targets.base import PositionLogprobs, Verification
+from proxy.targets.upstream import Upstream, UpstreamStatusError
 
 CLAMPED_NEG_INF = -9999.0  # vLLM writes max(logprob, -9999.0): -inf does not survive JSON
 TOKEN_ID_PREFIX = "token_id:"  # output logprob keys with return_tokens_as_token_ids

@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from proxy.engine import LlamaEngine
+from proxy.engine.llama import LlamaEngine
 from proxy.errors import BadRequestError
-from proxy.sampling import SamplerOrder, SamplingParams, processed_probs, sample
+from proxy.sampling.rejection import sample
+from proxy.sampling.processors import SamplerOrder, SamplingParams, processed_probs
 
 MAX_TOP_LOGPROBS = 1000
 LLAMA_CPP_ORDER = SamplerOrder.TRUNCATE_THEN_TEMPERATURE  # this verifier samples as llama.cpp does

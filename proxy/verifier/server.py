@@ -14,13 +14,15 @@ from pathlib import Path
 import numpy as np
 from aiohttp import web
 
-from proxy.engine import EngineOptions, EngineRunner, LlamaEngine
+from proxy.engine.llama import EngineOptions, LlamaEngine
+
+from proxy.engine.runner import EngineRunner
 from proxy.errors import BadRequestError
-from proxy.openai_wire import CHAT, COMPLETION, GenerationRequest, parse_generation_request, read_json, write_generation
-from proxy.sampling import SamplingParams
-from proxy.textstream import TextStream
+from proxy.wire.openai import CHAT, COMPLETION, GenerationRequest, parse_generation_request, read_json, write_generation
+from proxy.sampling.processors import SamplingParams
+from proxy.wire.textstream import TextStream
 from proxy.verifier.generate import parse_generate, pick_token, run_batch
-from proxy.web_errors import error_middleware
+from proxy.server.middleware import error_middleware
 
 RUNNER = web.AppKey("runner", EngineRunner)
 MODEL_NAME = web.AppKey("model_name", str)

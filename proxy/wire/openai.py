@@ -1,0 +1,334 @@
+"""OpenAI wire format: parse chat/completions requests, write JSON and SSE responses.
+
+Shared by the proxy and the verifier's own OpenAI endpoints. Shapes follow the openai SDK's
+types and vLLM's server (see ../shared/guides/openai-wire.md).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from aiohttp import web
+
+from proxy.errors import BadRequestError, ContextOverflowError, SpeculoosError
+from proxy.sampling.processors import SamplingParams
+from proxy.wire.textstream import TextStream
+
+CHAT = "chat"
+COMPLETION = "completion"
+LEGACY_DEFAULT_MAX_TOKENS = 16  # /v1/completions default on vLLM and SGLang
+MAX_STOP_STRINGS = 4
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+# Fields we cannot reproduce while speculating: a request using them passes through instead.
+UNSUPPORTED_WHEN_SET = (
+    "logit_bias", "logprobs", "top_logprobs", "tools", "functions", "response_format",
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar", "json_schema",
+    "structured_outputs",
+)
+NEUTRAL_VALUES: dict[str, Any] = {
+    "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "repeat_penalty": 1,
+    "n": 1, "best_of": 1, "echo": False, "suffix": None, "min_tokens": 0,
+}
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A validated chat or completions request."""
+
+    kind: Literal["chat", "completion"]
+    model: str
+    messages: list[dict] | None
+    prompt: str | list[int] | None
+    max_tokens: int | None  # None: until the context is full
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    seed: int | None
+    unsupported: tuple[str, ...]  # fields set that only the upstream can honour
+    body: dict = field(repr=False)
+
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0: the output is the argmax at every step."""
+        return self.temperature == 0
+
+    @property
+    def sampling_params(self) -> SamplingParams:
+        """The request's sampling parameters."""
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
+
+    def max_tokens_within(self, prompt_tokens: int, context_size: int, whose: str = "the") -> int:
+        """The tokens to generate: max_tokens, or what is left of the context; a 400 if it does not fit."""
+        room = context_size - prompt_tokens
+        if room < 1 or (self.max_tokens or 0) > room:
+            raise ContextOverflowError(
+                f"the prompt ({prompt_tokens} tokens) plus max_tokens ({self.max_tokens}) exceed {whose} "
+                f"context of {context_size} tokens", param="max_tokens")
+        return self.max_tokens or room
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadRequestError(f"'{name}' must be a number", param=name)
+    if not low <= value <= high:
+        raise BadRequestError(f"'{name}' must be between {low} and {high}, got {value}", param=name)
+    return float(value)
+
+
+def _integer(body: dict, name: str, low: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequestError(f"'{name}' must be an integer", param=name)
+    if value < low:
+        raise BadRequestError(f"'{name}' must be at least {low}, got {value}", param=name)
+    return value
+
+
+def _stop_strings(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise BadRequestError("'stop' must be a string or a list of strings", param="stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise BadRequestError(f"'stop' takes at most {MAX_STOP_STRINGS} strings", param="stop")
+    return tuple(stops)
+
+
+def _messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequestError("'messages' must be a non-empty list", param="messages")
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise BadRequestError("each message must be an object with a 'role'", param="messages")
+        if "content" in message and not isinstance(message["content"], (str, list, type(None))):
+            raise BadRequestError("message 'content' must be a string or a list of parts", param="messages")
+    return messages
+
+
+def _prompt(body: dict) -> str | list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return prompt
+    raise BadRequestError("'prompt' must be a string or a list of token ids", param="prompt")
+
+
+def _unsupported(body: dict) -> tuple[str, ...]:
+    names = [n for n in UNSUPPORTED_WHEN_SET if body.get(n) not in (None, False, [], {})]
+    names += [n for n, neutral in NEUTRAL_VALUES.items() if n in body and body[n] != neutral]
+    if body.get("tool_choice") not in (None, "none"):
+        names.append("tool_choice")
+    return tuple(sorted(set(names)))
+
+
+def parse_generation_request(body: Any, kind: Literal["chat", "completion"]) -> GenerationRequest:
+    """Validate a /v1/chat/completions or /v1/completions body."""
+    if not isinstance(body, dict):
+        raise BadRequestError("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequestError("'model' must be a non-empty string", param="model")
+    legacy_max_tokens = _integer(body, "max_tokens", 1)
+    max_tokens = _integer(body, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = legacy_max_tokens
+    if max_tokens is None and kind == COMPLETION:
+        max_tokens = LEGACY_DEFAULT_MAX_TOKENS
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequestError("'stream' must be a boolean", param="stream")
+    options = body.get("stream_options")
+    if options is not None and (not isinstance(options, dict) or not stream):
+        raise BadRequestError("'stream_options' needs 'stream': true and must be an object", param="stream_options")
+    _integer(body, "n", 1)
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise BadRequestError("'seed' must be an integer", param="seed")
+    top_k = _integer(body, "top_k", -1)
+    return GenerationRequest(
+        kind=kind,
+        model=model,
+        messages=_messages(body) if kind == CHAT else None,
+        prompt=_prompt(body) if kind == COMPLETION else None,
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+        top_k=0 if top_k in (None, -1) else top_k,
+        min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
+        stop=_stop_strings(body),
+        stream=stream,
+        include_usage=bool(options and options.get("include_usage")),
+        seed=seed,
+        unsupported=_unsupported(body),
+        body=body,
+    )
+
+
+async def read_json(request: web.Request) -> Any:
+    """The request body as JSON, or a 400 that says why not."""
+    try:
+        return json.loads(await request.read())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequestError(f"the request body is not valid JSON: {exc}") from exc
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """OpenAI usage object."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+class ResponseShape:
+    """Builds the chunks and the final body for one response."""
+
+    def __init__(self, kind: str, model: str, *, include_usage: bool = False) -> None:
+        self.kind = kind
+        self.model = model
+        self.include_usage = include_usage
+        prefix = "chatcmpl" if kind == CHAT else "cmpl"
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def _envelope(self, obj: str, choices: list[dict]) -> dict[str, Any]:
+        body = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+        if self.include_usage:
+            body["usage"] = None  # every chunk but the last carries usage: null (OpenAI)
+        return body
+
+    def chunk(self, text: str | None, finish_reason: str | None, *, role: bool = False) -> dict[str, Any]:
+        """One streaming chunk."""
+        if self.kind == CHAT:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {"content": text}
+            choice = {"index": 0, "delta": delta if text is not None or role else {}, "logprobs": None,
+                      "finish_reason": finish_reason}
+            return self._envelope("chat.completion.chunk", [choice])
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        return self._envelope("text_completion", [choice])
+
+    def usage_chunk(self, usage_obj: dict[str, int]) -> dict[str, Any]:
+        """The final stream_options.include_usage chunk: no choices."""
+        body = self._envelope("chat.completion.chunk" if self.kind == CHAT else "text_completion", [])
+        body["usage"] = usage_obj
+        return body
+
+    def full(self, text: str, finish_reason: str | None, usage_obj: dict[str, int]) -> dict[str, Any]:
+        """The non-streaming response body."""
+        if self.kind == CHAT:
+            message = {"role": "assistant", "content": text}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+            body = self._envelope("chat.completion", [choice])
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            body = self._envelope("text_completion", [choice])
+        body["usage"] = usage_obj
+        return body
+
+
+def sse_event(obj: Any) -> bytes:
+    """One server-sent event."""
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass
+class GenerationOutcome:
+    """What a finished generation produced, for logs and stats."""
+
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+async def _open_stream(request: web.Request, shape: ResponseShape, headers: dict[str, str] | None) -> web.StreamResponse:
+    """Send the SSE headers and, for chat, the first chunk with the assistant role."""
+    response = web.StreamResponse(headers={**SSE_HEADERS, **(headers or {})})
+    await response.prepare(request)
+    if shape.kind == CHAT:
+        await response.write(sse_event(shape.chunk(None, None, role=True)))
+    return response
+
+
+async def write_generation(
+    request: web.Request,
+    parsed: GenerationRequest,
+    token_batches: AsyncIterator[Sequence[int]],
+    stream: TextStream,
+    prompt_tokens: int,
+    *,
+    headers: dict[str, str] | None = None,
+    extension: Any = None,
+) -> tuple[web.StreamResponse, GenerationOutcome]:
+    """Drive `token_batches` through `stream` and answer in JSON or SSE.
+
+    The first batch is awaited before any byte is sent, so an upstream that is down on the first
+    round still gets a proper HTTP error; later failures go in-band as an error event. `extension`,
+    if given, is a callable returning a JSON object added as `speculoos` to the usage chunk or body.
+    """
+    shape = ResponseShape(parsed.kind, parsed.model, include_usage=parsed.stream and parsed.include_usage)
+    response: web.StreamResponse | None = None
+    try:
+        async for batch in token_batches:
+            delta = stream.push(batch)
+            if parsed.stream:
+                if response is None:
+                    response = await _open_stream(request, shape, headers)
+                if delta.text or delta.finish_reason:
+                    await response.write(sse_event(shape.chunk(delta.text, delta.finish_reason)))
+            if delta.finish_reason:
+                break
+        else:
+            delta = stream.close()
+            if parsed.stream and response is not None:
+                await response.write(sse_event(shape.chunk(delta.text, delta.finish_reason)))
+    except SpeculoosError as exc:
+        if response is None:
+            raise
+        await response.write(sse_event(exc.to_body()))
+        await response.write(SSE_DONE)
+        return response, GenerationOutcome(stream.text, None, prompt_tokens, stream.completion_tokens)
+    finally:
+        await token_batches.aclose()  # type: ignore[attr-defined]
+    usage_obj = usage(prompt_tokens, stream.completion_tokens)
+    outcome = GenerationOutcome(stream.text, stream.finish_reason, prompt_tokens, stream.completion_tokens)
+    if not parsed.stream:
+        body = shape.full(stream.text, stream.finish_reason, usage_obj)
+        if extension is not None:
+            body["speculoos"] = extension()
+        return web.json_response(body, headers=headers), outcome
+    if response is None:  # the generator produced nothing at all: still a well-formed stream
+        response = await _open_stream(request, shape, headers)
+        await response.write(sse_event(shape.chunk("", stream.close().finish_reason)))
+    if parsed.include_usage:
+        chunk = shape.usage_chunk(usage_obj)
+        if extension is not None:
+            chunk["speculoos"] = extension()
+        await response.write(sse_event(chunk))
+    await response.write(SSE_DONE)
+    return response, outcome

@@ -1,0 +1,220 @@
+"""The verifier against plain llama.cpp: exact logprobs, true top-k, prefix reuse, errors, OpenAI clients."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+from llama_cpp import Llama
+
+from proxy.verifier.generate import log_softmax
+from tests.e2e import greedy
+from tests import support as http
+from tests.e2e.greedy import batch_vs_sequential_gap
+from tests.e2e.servers import SMOL, TARGET_QWEN, Process
+
+TOP_N = 20
+REFERENCE_BATCH = 512  # the verifier's n_batch: a cold request is evaluated in the same split
+CODE_PROMPT = "def quicksort(items):\n    \"\"\"Sort a list.\"\"\"\n    if len(items) <= 1:\n        return items\n"
+
+
+@pytest.fixture(scope="module", params=[SMOL, TARGET_QWEN])
+def served(request: pytest.FixtureRequest, model_paths: dict[str, Path]) -> tuple[Process, Llama]:
+    """A verifier and an in-process plain llama.cpp reference of the same model."""
+    verifier = request.getfixturevalue("smol_verifier" if request.param == SMOL else "qwen_verifier")
+    reference = Llama(model_path=str(model_paths[request.param]), n_ctx=1024, n_batch=REFERENCE_BATCH,
+                      n_ubatch=REFERENCE_BATCH, n_threads=1, logits_all=True, verbose=False)
+    return verifier, reference
+
+
+def tokenize(verifier: Process, text: str) -> list[int]:
+    """Prompt ids from the verifier's own tokenizer."""
+    return http.post_json(verifier.url + "/tokenize", {"prompt": text}).json()["tokens"]
+
+
+def generate(verifier: Process, ids: list[int], start: int, *, top_n: int = TOP_N, max_new: int = 1) -> dict:
+    """A greedy /generate call returning logprobs from `start` on."""
+    return greedy.generate(verifier.url, ids, start, top_n=top_n, max_new=max_new)
+
+
+def flush(verifier: Process, first_token: int) -> None:
+    """Make the next request to the verifier a cold one."""
+    greedy.flush(verifier.url, first_token)
+
+
+def reference_logprobs(reference: Llama, ids: list[int], *, split_at: int = 0) -> np.ndarray:
+    """Plain llama.cpp: every row's logits, split as the verifier splits: the prefix, then the returned rows."""
+    reference.reset()
+    reference._ctx.kv_cache_clear()
+    if split_at:
+        reference.eval(ids[:split_at])
+    reference.eval(ids[split_at:])
+    return log_softmax(reference.scores[: len(ids)])  # [len(ids), vocab]
+
+
+@pytest.mark.parametrize("where", ["zero", "middle", "last"])
+def test_input_logprobs_equal_plain_llama_cpp(served: tuple[Process, Llama], where: str) -> None:
+    verifier, reference = served
+    ids = tokenize(verifier, CODE_PROMPT)
+    start = {"zero": 0, "middle": len(ids) // 2, "last": len(ids) - 1}[where]
+    flush(verifier, ids[0])
+    meta = generate(verifier, ids, start)["meta_info"]
+    expected = reference_logprobs(reference, ids, split_at=start)
+    actual = meta["input_token_logprobs"]
+    assert len(actual) == len(ids) - start
+    assert actual[0] == [None, ids[start], None]
+    for offset, (logprob, token, _) in enumerate(actual[1:], start=start + 1):
+        assert token == ids[offset]
+        assert logprob == pytest.approx(expected[offset - 1, token], abs=1e-9)
+    # The bonus position: the top list after the last input token is the reference's last row.
+    bonus_top = meta["output_top_logprobs"][0]
+    assert [e[1] for e in bonus_top] == true_top_ids(expected[-1], TOP_N)
+
+
+def true_top_ids(row: np.ndarray, n: int) -> list[int]:
+    """The top-n ids of a row, highest first, ties to the lower id."""
+    return [int(i) for i in np.lexsort((np.arange(row.size), -row))[:n]]
+
+
+def test_top_logprobs_are_the_true_top_k_sorted(served: tuple[Process, Llama]) -> None:
+    verifier, reference = served
+    ids = tokenize(verifier, CODE_PROMPT)
+    flush(verifier, ids[0])
+    meta = generate(verifier, ids, 0)["meta_info"]
+    expected = reference_logprobs(reference, ids)
+    assert meta["input_top_logprobs"][0] is None
+    for row, top in enumerate(meta["input_top_logprobs"][1:]):
+        assert [e[1] for e in top] == true_top_ids(expected[row], TOP_N)
+        values = [e[0] for e in top]
+        assert values == sorted(values, reverse=True)
+        assert values == pytest.approx([expected[row, e[1]] for e in top], abs=1e-9)
+
+
+def test_shared_prefix_is_cached_and_gives_cold_logprobs(served: tuple[Process, Llama]) -> None:
+    verifier, _ = served
+    prefix = tokenize(verifier, CODE_PROMPT)
+    first = prefix + tokenize(verifier, "    pivot = items[0]")
+    second = prefix + tokenize(verifier, "    left = [x for x in items]")
+    flush(verifier, second[0])
+    cold = generate(verifier, second, len(prefix))["meta_info"]
+    generate(verifier, first, 0, top_n=0)
+    warm = generate(verifier, second, len(prefix))["meta_info"]
+    assert warm["cached_tokens"] >= len(prefix)
+    assert cold["cached_tokens"] < len(prefix)
+    assert warm["input_token_logprobs"] == cold["input_token_logprobs"]
+    assert warm["input_top_logprobs"] == cold["input_top_logprobs"]
+
+
+def test_round_after_round_costs_k_plus_one_rows(qwen_verifier: Process) -> None:
+    """The issue's check: a 200-token context, logprob_start_len = L - 1, K drafts."""
+    text = " ".join(f"item_{i} = compute({i}, scale=2)" for i in range(60))
+    context = tokenize(qwen_verifier, text)[:200]
+    assert len(context) == 200
+    k = 4
+    drafts = tokenize(qwen_verifier, "\nprint(item_0)")[:k]
+    generate(qwen_verifier, context + drafts, len(context) - 1)
+    meta = generate(qwen_verifier, context + drafts[:2] + [13, 14], len(context) - 1)["meta_info"]
+    assert len(meta["input_token_logprobs"]) == k + 1  # entry 0 (the last context token) + K drafts
+    assert len(meta["input_top_logprobs"]) == k + 1
+    assert len(meta["output_top_logprobs"]) == 1  # the bonus position
+    assert meta["cached_tokens"] >= len(context) - 1
+
+
+def test_batch_versus_one_at_a_time_discrepancy_is_small(
+    served: tuple[Process, Llama], record_property: pytest.RecordProperty
+) -> None:
+    """Measure (and bound) how much batch shape moves logits: what greedy-identity tests must tolerate."""
+    verifier, _ = served
+    worst = batch_vs_sequential_gap(verifier.url, tokenize(verifier, CODE_PROMPT))
+    record_property("max_logit_gap_change", worst)
+    print(f"batch vs one-at-a-time: max change of a logit gap = {worst:.4f}")
+    assert worst < 5.0  # a broken KV reuse or position bug moves logits by far more
+
+
+def test_concurrent_requests_do_not_corrupt_each_other(smol_verifier: Process) -> None:
+    texts = [f"Fact {i}: the number {i * 7} is" for i in range(6)]
+    sequences = [tokenize(smol_verifier, t) for t in texts]
+    alone = [generate(smol_verifier, ids, 0, max_new=4) for ids in sequences]
+    with ThreadPoolExecutor(6) as pool:
+        together = list(pool.map(lambda ids: generate(smol_verifier, ids, 0, max_new=4), sequences * 2))
+    for index, answer in enumerate(together):
+        expected = alone[index % len(sequences)]
+        assert answer["output_ids"] == expected["output_ids"]
+        assert answer["meta_info"]["input_token_logprobs"] == expected["meta_info"]["input_token_logprobs"]
+
+
+def test_batched_input_ids_answer_each_sequence(smol_verifier: Process) -> None:
+    sequences = [tokenize(smol_verifier, "One two"), tokenize(smol_verifier, "Red green blue")]
+    reply = http.post_json(smol_verifier.url + "/generate", {
+        "input_ids": sequences, "sampling_params": {"max_new_tokens": 2, "temperature": 0},
+        "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 3})
+    answers = reply.json()
+    assert isinstance(answers, list) and len(answers) == 2
+    for ids, answer in zip(sequences, answers):
+        alone = generate(smol_verifier, ids, 0, top_n=3, max_new=2)
+        assert answer["output_ids"] == alone["output_ids"]
+        assert answer["meta_info"]["input_top_logprobs"] == alone["meta_info"]["input_top_logprobs"]
+        assert answer["meta_info"]["prompt_tokens"] == len(ids)
+
+
+BAD_REQUESTS = [
+    ("/generate", b"{not json", 400, "not valid JSON"),
+    ("/generate", b"[1, 2]", 400, "JSON object"),
+    ("/generate", b'{"input_ids": []}', 400, "input_ids"),
+    ("/generate", b'{"input_ids": [1, "a"]}', 400, "input_ids"),
+    ("/generate", b'{"text": "hello"}', 400, "input_ids"),
+    ("/generate", b'{"input_ids": [1, 2], "logprob_start_len": 5}', 400, "logprob_start_len"),
+    ("/generate", b'{"input_ids": [1, 2], "top_logprobs_num": -1}', 400, "top_logprobs_num"),
+    ("/generate", b'{"input_ids": [1, 99999999]}', 400, "vocabulary"),
+    ("/generate", b'{"input_ids": [1, 2], "sampling_params": {"temperature": -1}}', 400, "temperature"),
+    ("/generate", b'{"input_ids": [1, 2], "sampling_params": {"max_new_tokens": "x"}}', 400, "max_new_tokens"),
+    ("/tokenize", b'{"nothing": 1}', 400, "prompt"),
+    ("/v1/chat/completions", b'{"model": "m", "messages": []}', 400, "messages"),
+    ("/v1/chat/completions", b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -3}',
+     400, "max_tokens"),
+    ("/v1/chat/completions", b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 99999}',
+     400, "context"),
+    ("/v1/completions", b'{"model": "m", "prompt": 5}', 400, "prompt"),
+    ("/v1/completions", b'{"model": "m", "prompt": "x", "logit_bias": {"1": 5}}', 400, "logit_bias"),
+    ("/nowhere", b"{}", 404, "Not Found"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "needle"), BAD_REQUESTS)
+def test_bad_requests_get_openai_errors(smol_verifier: Process, path: str, body: bytes, status: int,
+                                        needle: str) -> None:
+    reply = http.request("POST", smol_verifier.url + path, body, {"Content-Type": "application/json"})
+    assert reply.status == status
+    error = reply.json()["error"]
+    assert needle in error["message"]
+    assert error["type"]
+    assert http.get(smol_verifier.url + "/health").status == 200  # still serving
+
+
+def test_chat_stream_parses_with_the_openai_sdk(smol_verifier: Process) -> None:
+    client = openai.OpenAI(base_url=smol_verifier.url + "/v1", api_key="unused")
+    chunks = list(client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "Name three colours."}], max_tokens=12,
+        temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes in (["stop"], ["length"])
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens <= 12
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    whole = client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "Name three colours."}], max_tokens=12, temperature=0)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_models_and_tokenize_shapes(smol_verifier: Process) -> None:
+    models = http.get(smol_verifier.url + "/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["object"] == "model"
+    chat = http.post_json(smol_verifier.url + "/tokenize",
+                          {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": True}).json()
+    assert chat["count"] == len(chat["tokens"]) > 3
+    text = http.post_json(smol_verifier.url + "/detokenize", {"tokens": tokenize(smol_verifier, "Hello world")})
+    assert "Hello world" in text.json()["prompt"]

