@@ -10,9 +10,9 @@ from collections.abc import Sequence
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser; each module registers its own sub-command."""
     from proxy import relay
-    from proxy.models import fetch as models
-    from proxy.server import cli as cli_serve
     from proxy.bench import cli as bench_cli
+    from proxy.models import cli as models
+    from proxy.server import cli as cli_serve
     from proxy.verifier import cli as verifier_cli
 
     parser = argparse.ArgumentParser(prog="speculoos", description=__doc__)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.bench.stats import Spread, spread
-from proxy.control.policy import expected_tokens
+from proxy.control.costs import expected_tokens
 
 SIMULATION = "SIMULATION"
 COST_MODELS = ("gpu", "cpu", "custom")

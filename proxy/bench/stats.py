@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from proxy.control.policy import expected_tokens
+from proxy.control.costs import expected_tokens
 
 DIRECT = "direct"
 PASSTHROUGH_MODE = "off"

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from proxy.drafting.llama import Draft, DraftModel
-from proxy.sampling.processors import SamplerOrder, SamplingParams, one_hot
+from proxy.drafting.base import Draft, Drafter, DraftPlan
+from proxy.sampling.processors import one_hot
 
 
 def lookup(context: Sequence[int], k: int, *, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
@@ -30,19 +30,18 @@ def lookup(context: Sequence[int], k: int, *, max_ngram: int = 3, min_ngram: int
     return []
 
 
-class NgramDraft:
-    """A draft with no model: prompt lookup only. The GGUF it names serves as the tokenizer."""
+class LookupDrafter:
+    """A draft with no model: prompt lookup only. The GGUF drafter it wraps serves as the tokenizer."""
 
-    def __init__(self, tokenizer: DraftModel, *, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, tokenizer: Drafter, *, max_ngram: int = 3, min_ngram: int = 1) -> None:
         self._tokenizer = tokenizer
-        self.engine = tokenizer.engine
+        self.vocabulary = tokenizer.vocabulary
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    async def propose(self, context: Sequence[int], k: int, params: SamplingParams, order: SamplerOrder,
-                      support_size: int, rng: np.random.Generator) -> Draft:
+    async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
         """Draft by lookup (possibly nothing), with one-hot distributions."""
-        tokens = tuple(lookup(context, k, max_ngram=self.max_ngram, min_ngram=self.min_ngram))
-        return Draft(tokens, one_hot(tokens, self.engine.n_vocab))
+        tokens = tuple(lookup(context, plan.k, max_ngram=self.max_ngram, min_ngram=self.min_ngram))
+        return Draft(tokens, one_hot(tokens, self.vocabulary.n_vocab))
 
     def fits(self, n_tokens: int) -> bool:
         """Lookup has no context limit; the tokenizer model does not run."""
@@ -53,16 +52,15 @@ class NgramDraft:
         self._tokenizer.close()
 
 
-class HybridDraft(NgramDraft):
+class HybridDrafter(LookupDrafter):
     """Prompt lookup when the context has a match, the draft model otherwise."""
 
-    async def propose(self, context: Sequence[int], k: int, params: SamplingParams, order: SamplerOrder,
-                      support_size: int, rng: np.random.Generator) -> Draft:
+    async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
         """Lookup first; fall back to the model when lookup finds nothing."""
-        found = await super().propose(context, k, params, order, support_size, rng)
+        found = await super().propose(context, plan)
         if len(found):
             return found
-        return await self._tokenizer.propose(context, k, params, order, support_size, rng)
+        return await self._tokenizer.propose(context, plan)
 
     def fits(self, n_tokens: int) -> bool:
         """The model's context limit applies."""

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import structlog
+
+from proxy.decode.events import Event, SwitchEvent
 
 SECRET_KEYS = frozenset({"authorization", "api_key", "x-api-key", "proxy-authorization"})
 
@@ -36,3 +39,14 @@ def configure(*, json_lines: bool | None = None, level: int = logging.INFO) -> N
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+class SwitchLog:
+    """A subscriber that logs a generation's switch from speculation to plain decoding."""
+
+    def __init__(self, log: Any) -> None:  # a structlog logger
+        self._log = log
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, SwitchEvent):
+            self._log.info("switch_to_plain", reason=event.reason)

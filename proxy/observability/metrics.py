@@ -1,6 +1,7 @@
 """Prometheus metrics: vLLM's speculative-decoding counters with a `speculoos_` prefix, and ours.
 
-One registry per app (no global state), rendered at GET /metrics.
+One registry per app (no global state), rendered at GET /metrics; a route's rounds reach it as a
+subscriber of the generation's events.
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from proxy.control.route import RouteController
+from proxy.decode.events import Event, RoundEvent, SwitchEvent
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -67,3 +71,20 @@ class Metrics:
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+@dataclass(frozen=True)
+class RouteMetrics:
+    """A subscriber that counts a route's rounds and switches and shows the route's decision."""
+
+    metrics: Metrics
+    route: str
+    controller: RouteController
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, RoundEvent):
+            self.metrics.record_round(self.route, len(event.drafted), event.accepted, event.draft_seconds,
+                                      event.verify_seconds)
+            self.metrics.set_decision(self.route, self.controller.current.k, self.controller.costs.alpha.value)
+        elif isinstance(event, SwitchEvent):
+            self.metrics.mid_stream_switches.labels(self.route).inc()

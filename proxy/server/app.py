@@ -4,28 +4,31 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import structlog
 from aiohttp import web
 
-from proxy.models import fetch as models
-from proxy.server import handlers as api
 from proxy.config.schema import Config, DraftConfig, Route
-from proxy.control.policy import RouteController
-from proxy.drafting.llama import DraftModel
+from proxy.control.route import RouteController
+from proxy.drafting.base import Drafter
+from proxy.drafting.llama import LlamaDrafter
+from proxy.drafting.lookup import HybridDrafter, LookupDrafter
 from proxy.engine.llama import EngineOptions
 from proxy.errors import UpstreamError
+from proxy.models import fetch as models
 from proxy.observability.metrics import Metrics
-from proxy.drafting.lookup import HybridDraft, NgramDraft
+from proxy.server import admin, handlers
 from proxy.server.runtime import CONFIG, METRICS, RUNTIMES, RouteRuntime
+from proxy.targets.base import Target
 from proxy.targets.sglang import SGLangTarget
-from proxy.targets.vllm import VLLMTarget
 from proxy.targets.upstream import Timeouts, Upstream
-from proxy.server.middleware import error_middleware
+from proxy.targets.vllm import VLLMTarget
+from proxy.wire.errors import error_middleware
 
 log = structlog.get_logger("speculoos.app")
 
-DraftLoader = Callable[[EngineOptions], DraftModel]
+DrafterLoader = Callable[[EngineOptions], Drafter]
 
 
 def draft_options(draft: DraftConfig) -> EngineOptions:
@@ -41,68 +44,87 @@ def make_upstream(route: Route) -> Upstream:
                     api_key=route.upstream.api_key_value())
 
 
-def with_lookup(model: DraftModel, draft: DraftConfig) -> DraftModel:
+def make_target(route: Route, upstream: Upstream) -> Target | None:
+    """The verification client for the route's protocol (None: the protocol cannot verify)."""
+    if route.upstream.protocol == "sglang":
+        return SGLangTarget(upstream)
+    if route.upstream.protocol == "vllm":
+        return VLLMTarget(upstream, route.upstream.model)
+    return None
+
+
+def with_lookup(model: Drafter, draft: DraftConfig) -> Drafter:
     """The route's draft kind around the loaded model: itself, prompt lookup, or both."""
     if draft.kind == "model":
         return model
-    kind = NgramDraft if draft.kind == "ngram" else HybridDraft
-    return kind(model, max_ngram=draft.ngram_max, min_ngram=draft.ngram_min)  # type: ignore[return-value]
+    kind = LookupDrafter if draft.kind == "ngram" else HybridDrafter
+    return kind(model, max_ngram=draft.ngram_max, min_ngram=draft.ngram_min)
 
 
-async def open_runtimes(config: Config, load_draft: DraftLoader) -> dict[str, RouteRuntime]:
-    """Open every route's upstream client and draft (drafts with identical settings are shared)."""
-    runtimes: dict[str, RouteRuntime] = {}
-    drafts: dict[EngineOptions, DraftModel] = {}
+@dataclass
+class Resources:
+    """Every route's runtime, and the models they share (each closed once)."""
+
+    runtimes: dict[str, RouteRuntime]
+    models: list[Drafter]
+
+    async def close(self) -> None:
+        """Close upstream clients and free the models."""
+        for runtime in self.runtimes.values():
+            await runtime.upstream.close()
+        for model in self.models:
+            model.close()
+
+
+async def open_resources(config: Config, load_drafter: DrafterLoader) -> Resources:
+    """Open every route's upstream client and drafter (drafts with identical settings share one model)."""
+    resources = Resources({}, [])
+    loaded: dict[EngineOptions, Drafter] = {}
     for route in config.routes:
-        controller = RouteController(route.fallback, route.speculation.k)
-        runtime = RouteRuntime(route, make_upstream(route), controller)
-        runtimes[route.name] = runtime
-        if route.upstream.protocol == "sglang":
-            runtime.target = SGLangTarget(runtime.upstream)
-        elif route.upstream.protocol == "vllm":
-            runtime.target = VLLMTarget(runtime.upstream, route.upstream.model)
-        if route.draft is None or runtime.target is None:
-            continue
-        options = draft_options(route.draft)
-        if options not in drafts:
-            drafts[options] = await asyncio.to_thread(load_draft, options)
-        runtime.draft = with_lookup(drafts[options], route.draft)
-        try:
-            verdict = await runtime.inspect_upstream()
-        except UpstreamError as exc:
-            log.warning("tokenizer_check_deferred", route=route.name, reason=exc.message)
-            continue
-        if verdict is not None:
-            event = log.info if verdict.compatible else log.warning
-            event("tokenizer_check", route=route.name, compatible=verdict.compatible, reason=verdict.reason,
-                  exact_sampling=runtime.target.exact_support)
-    return runtimes
+        upstream = make_upstream(route)
+        target = make_target(route, upstream)
+        drafter = None
+        if route.draft is not None and target is not None:
+            options = draft_options(route.draft)
+            if options not in loaded:
+                loaded[options] = await asyncio.to_thread(load_drafter, options)
+                resources.models.append(loaded[options])
+            drafter = with_lookup(loaded[options], route.draft)
+        runtime = RouteRuntime(route, upstream, RouteController(route.fallback, route.speculation.k), target, drafter)
+        resources.runtimes[route.name] = runtime
+        await _inspect(runtime)
+    return resources
 
 
-async def close_runtimes(runtimes: dict[str, RouteRuntime]) -> None:
-    """Close upstream clients and free drafts (each shared draft once)."""
-    for runtime in runtimes.values():
-        await runtime.upstream.close()
-    for draft in {id(r.draft.engine): r.draft for r in runtimes.values() if r.draft is not None}.values():
-        draft.close()
+async def _inspect(runtime: RouteRuntime) -> None:
+    """Probe the upstream and check tokenizers at start-up; an unreachable upstream is checked later."""
+    try:
+        verdict = await runtime.inspect_upstream()
+    except UpstreamError as exc:
+        log.warning("tokenizer_check_deferred", route=runtime.name, reason=exc.message)
+        return
+    if verdict is not None:
+        event = log.info if verdict.compatible else log.warning
+        event("tokenizer_check", route=runtime.name, compatible=verdict.compatible, reason=verdict.reason)
 
 
-def create_app(config: Config, *, load_draft: DraftLoader = DraftModel.load) -> web.Application:
+def create_app(config: Config, *, load_drafter: DrafterLoader = LlamaDrafter.load) -> web.Application:
     """The proxy application for a validated config."""
     app = web.Application(middlewares=[error_middleware], client_max_size=config.server.max_body_bytes)
     app[CONFIG] = config
     app[METRICS] = Metrics()
 
     async def route_resources(app: web.Application) -> AsyncIterator[None]:
-        app[RUNTIMES] = await open_runtimes(config, load_draft)
+        resources = await open_resources(config, load_drafter)
+        app[RUNTIMES] = resources.runtimes
         yield
-        await close_runtimes(app[RUNTIMES])
+        await resources.close()
 
     app.cleanup_ctx.append(route_resources)
-    app.router.add_post("/v1/chat/completions", api.chat_completions)
-    app.router.add_post("/v1/completions", api.completions)
-    app.router.add_get("/v1/models", api.list_models)
-    app.router.add_get("/metrics", api.metrics_endpoint)
-    app.router.add_get("/speculoos/status", api.status)
-    app.router.add_route("*", "/{tail:.*}", api.passthrough_any)
+    app.router.add_post("/v1/chat/completions", handlers.chat_completions)
+    app.router.add_post("/v1/completions", handlers.completions)
+    app.router.add_get("/v1/models", admin.list_models)
+    app.router.add_get("/metrics", admin.metrics_endpoint)
+    app.router.add_get("/speculoos/status", admin.status)
+    app.router.add_route("*", "/{tail:.*}", handlers.passthrough_any)
     return app

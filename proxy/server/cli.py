@@ -8,8 +8,9 @@ import sys
 
 from aiohttp import web
 
+from proxy.config.load import ConfigError, load_config
+from proxy.config.schema import Config
 from proxy.observability import logs
-from proxy.config.schema import Config, ConfigError, load_config
 
 
 def add_cli(commands: argparse._SubParsersAction) -> None:
@@ -50,18 +51,18 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def run_check(args: argparse.Namespace) -> int:
     """Validate the file, load each draft, probe each upstream; exit 1 on any failure."""
-    from proxy.server.app import close_runtimes, open_runtimes
-    from proxy.drafting.llama import DraftModel
+    from proxy.drafting.llama import LlamaDrafter
+    from proxy.server.app import open_resources
 
     if (config := _load(args, "check")) is None:
         return 2
 
     async def probe() -> int:
-        runtimes = await open_runtimes(config, DraftModel.load)
+        resources = await open_resources(config, LlamaDrafter.load)
         failures = 0
-        for runtime in runtimes.values():
+        for runtime in resources.runtimes.values():
             verdict = runtime.tokenizer
-            if runtime.draft is None:
+            if runtime.drafter is None:
                 status = "passthrough only (no draft or non-verifying protocol)"
             elif verdict is None:
                 status, failures = "upstream unreachable: tokenizer not checked", failures + 1
@@ -72,7 +73,7 @@ def run_check(args: argparse.Namespace) -> int:
             print(f"{runtime.name}\t{runtime.route.upstream.url}\t{status}")
             if runtime.capabilities:
                 print(f"{runtime.name}\tcapabilities\t{runtime.capabilities}")
-        await close_runtimes(runtimes)
+        await resources.close()
         return 1 if failures else 0
 
     return asyncio.run(probe())

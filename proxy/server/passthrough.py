@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from proxy.errors import UpstreamError
-from proxy.wire.openai import SSE_DONE, sse_event
 from proxy.targets.upstream import Upstream, iter_body
+from proxy.wire.response import SSE_DONE, sse_event
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and those aiohttp sets itself are not forwarded.
 HOP_BY_HOP = frozenset({

@@ -1,16 +1,19 @@
-"""Target clients: one small module per verification protocol, all returning `Verification`."""
+"""The Target protocol: score a round's drafts, decode plainly, tokenize; one client module per protocol.
+
+Every client answers `score()` with the sampler's `KnownSupport`: protocol knowledge (top-N
+folding, the verifier's draft-support extension) stays inside the client.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from proxy.sampling.rejection import KnownSupport
-
+from proxy.drafting.base import Draft
 from proxy.sampling.processors import SamplerOrder, SamplingParams
+from proxy.sampling.rejection import KnownSupport
 
 
 @dataclass(frozen=True)
@@ -37,25 +40,39 @@ class Verification:
     cached_tokens: int
 
 
-class Target(Protocol):
-    """What the round loop needs from a verification protocol."""
+@dataclass(frozen=True)
+class ScorePlan:
+    """What one verification call needs besides the context and the draft."""
 
-    exact_support: bool  # True: verify_support() gives exact residual draws for any sampling parameters
+    params: SamplingParams
+    top_n: int  # top log-probs to ask a stock server for
+    seed: int  # for draws the server makes (the verifier's residual tokens), from the request's target stream
+    client_headers: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Scores:
+    """One round's verification, folded for the sampler."""
+
+    support: KnownSupport
+    tv_bound: float = 0.0  # bounded sampling: the largest per-position total-variation bound (0 when exact)
+
+
+class Target(Protocol):
+    """What the round loop and the handlers need from a verification protocol."""
+
     order: SamplerOrder  # how the server turns logits into its sampling distribution
 
-    async def probe(self) -> dict:
+    async def probe(self) -> object:
         """Learn the server's capabilities once at start-up."""
         ...
 
-    async def verify_support(self, context: list[int], draft_tokens: Sequence[int], draft_probs: np.ndarray,
-                             params: SamplingParams, seed: int,
-                             client_headers: dict[str, str] | None = None) -> KnownSupport:
-        """Score the drafts with exact residual draws (only when exact_support)."""
+    def exactness_problem(self, params: SamplingParams, top_n: int) -> str | None:
+        """Why a round cannot follow the target's distribution exactly for these parameters (None: it can)."""
         ...
 
-    async def verify(self, context: list[int], draft_tokens: list[int], top_n: int,
-                     client_headers: dict[str, str] | None = None) -> Verification:
-        """Score `draft_tokens` after `context` in one request."""
+    async def score(self, context: list[int], draft: Draft, plan: ScorePlan) -> Scores:
+        """Score the draft after context in one request."""
         ...
 
     async def generate(self, context: list[int], max_new_tokens: int, params: SamplingParams, seed: int,
@@ -63,6 +80,7 @@ class Target(Protocol):
         """Plain decoding on the target (the continuation after a mid-stream switch)."""
         ...
 
-    async def prompt_ids(self, body: dict, kind: str, client_headers: dict[str, str] | None = None) -> tuple[list[int], int]:
+    async def prompt_ids(self, body: dict, kind: str,
+                         client_headers: dict[str, str] | None = None) -> tuple[list[int], int]:
         """Prompt token ids from the server's own tokenizer and chat template, and its context size."""
         ...

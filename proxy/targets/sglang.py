@@ -12,12 +12,14 @@ from typing import Any
 
 import numpy as np
 
+from proxy.drafting.base import Draft
 from proxy.errors import UpstreamUnavailableError
-from proxy.wire.openai import CHAT
-from proxy.sampling.rejection import KnownSupport
 from proxy.sampling.processors import SamplerOrder, SamplingParams
-from proxy.targets.base import PositionLogprobs, Verification
+from proxy.sampling.rejection import KnownSupport
+from proxy.targets.base import PositionLogprobs, ScorePlan, Scores, Verification
+from proxy.targets.topn import exactness_problem, support_from_top_n
 from proxy.targets.upstream import Upstream, UpstreamStatusError
+from proxy.wire.request import CHAT
 
 DRAFT_SUPPORT_EXTENSION = "draft_support_ids"
 
@@ -100,32 +102,41 @@ class SGLangTarget:
             return info
         return {}
 
-    async def verify_support(self, context: list[int], draft_tokens: Sequence[int], draft_probs: np.ndarray,
-                             params: SamplingParams, seed: int,
-                             client_headers: dict[str, str] | None = None) -> KnownSupport:
-        """One round through the draft-support extension: exact for any sampling parameters."""
-        support_ids = [np.flatnonzero(row).tolist() for row in draft_probs]
+    def exactness_problem(self, params: SamplingParams, top_n: int) -> str | None:
+        """None through the draft-support extension; otherwise what top-N log-probs allow."""
+        return None if self.exact_support else exactness_problem(params, top_n, self.order)
+
+    async def score(self, context: list[int], draft: Draft, plan: ScorePlan) -> Scores:
+        """One /generate call: exact residual draws through the extension, else top-N folded locally."""
+        if self.exact_support:
+            return Scores(await self._score_support(context, draft, plan))
+        verification = await self._score_top_n(context, draft.tokens, plan)
+        return Scores(*support_from_top_n(verification, draft.tokens, draft.probs, plan.params, self.order))
+
+    async def _score_support(self, context: list[int], draft: Draft, plan: ScorePlan) -> KnownSupport:
+        """The draft-support extension: the target's probabilities on every draft candidate, and one
+        target token drawn outside them, per position."""
+        support_ids = [np.flatnonzero(row).tolist() for row in draft.probs]
         body = {
-            "input_ids": context + list(draft_tokens),
-            "sampling_params": sampling_body(params, 1, seed),
+            "input_ids": context + list(draft.tokens),
+            "sampling_params": sampling_body(plan.params, 1, plan.seed),
             "logprob_start_len": len(context) - 1,
             DRAFT_SUPPORT_EXTENSION: support_ids,
         }
-        answer = await self.upstream.post_json("/generate", body, client_headers=client_headers)
-        return parse_support(answer, draft_tokens, support_ids, draft_probs)
+        answer = await self.upstream.post_json("/generate", body, client_headers=plan.client_headers)
+        return parse_support(answer, draft.tokens, support_ids, draft.probs)
 
-    async def verify(self, context: list[int], draft_tokens: list[int], top_n: int,
-                     client_headers: dict[str, str] | None = None) -> Verification:
-        """Score the drafts and get the bonus position in one /generate call."""
+    async def _score_top_n(self, context: list[int], draft_tokens: Sequence[int], plan: ScorePlan) -> Verification:
+        """Raw top-N log-probs at every draft position and the bonus position."""
         body = {
             "input_ids": context + list(draft_tokens),
             "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
             "return_logprob": True,
             "logprob_start_len": len(context) - 1,
-            "top_logprobs_num": top_n,
+            "top_logprobs_num": plan.top_n,
             "return_text_in_logprobs": False,
         }
-        answer = await self.upstream.post_json("/generate", body, client_headers=client_headers)
+        answer = await self.upstream.post_json("/generate", body, client_headers=plan.client_headers)
         return parse_verification(answer, draft_tokens)
 
     async def generate(self, context: list[int], max_new_tokens: int, params: SamplingParams, seed: int,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.engine.llama import LlamaEngine
+from proxy.drafting.base import Vocabulary
 from proxy.targets.upstream import Upstream, UpstreamStatusError
 
 # Probe strings chosen to exercise pre-tokenization: code, whitespace runs, multi-byte UTF-8,
@@ -27,7 +27,7 @@ class TokenizerVerdict:
     reason: str
 
 
-async def check_tokenizer(draft: LlamaEngine, upstream: Upstream) -> TokenizerVerdict:
+async def check_tokenizer(draft: Vocabulary, upstream: Upstream) -> TokenizerVerdict:
     """Compare vocabulary size, special ids and the tokenization of probe strings."""
     try:
         info = await upstream.get_json("/get_model_info")

@@ -1,7 +1,7 @@
 """From a top-N verification answer to the sampler's `KnownSupport`, and when that is exact.
 
 Stock servers return raw logprobs for the top N tokens (plus the scored token), never the whole
-vocabulary. What that allows (see the sampling issue):
+vocabulary. What that allows:
 - greedy: the argmax is the top-1: exact;
 - `top_k` in 1..N: the whole support is known; temperature, min_p (a ratio to the max) and
   renormalised top_p are then exact too. SGLang's joint top_p uses the *unrenormalised* full
@@ -16,9 +16,8 @@ import math
 
 import numpy as np
 
-from proxy.sampling.rejection import KnownSupport
-
 from proxy.sampling.processors import SamplerOrder, SamplingParams, processed_probs
+from proxy.sampling.rejection import KnownSupport
 from proxy.targets.base import Verification
 
 

@@ -5,7 +5,7 @@ temperature 0. vLLM scores every prompt position: entry 0 is null and entry j pr
 so entries L..L+K-1 score d_1..d_K; the one generated token is the bonus. Each entry holds the
 top-N plus the token that stands there, an extra entry when that token is outside the top-N.
 A request with prompt logprobs does not read vLLM's prefix cache: every round re-prefills the
-whole context (shared/guides/backends.md). Shapes: vllm/entrypoints/openai/completion/.
+whole context. Shapes: vllm/entrypoints/openai/completion/ in vLLM.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from proxy.drafting.base import Draft
 from proxy.errors import UpstreamUnavailableError
-from proxy.wire.openai import CHAT
-from proxy.sampling.rejection import KnownSupport
 from proxy.sampling.processors import SamplerOrder, SamplingParams
-from proxy.targets.base import PositionLogprobs, Verification
+from proxy.targets.base import PositionLogprobs, ScorePlan, Scores, Verification
+from proxy.targets.topn import exactness_problem, support_from_top_n
 from proxy.targets.upstream import Upstream, UpstreamStatusError
+from proxy.wire.request import CHAT
 
 CLAMPED_NEG_INF = -9999.0  # vLLM writes max(logprob, -9999.0): -inf does not survive JSON
 TOKEN_ID_PREFIX = "token_id:"  # output logprob keys with return_tokens_as_token_ids
@@ -95,7 +96,6 @@ def parse_max_logprobs(message: str) -> int | None:
 class VLLMTarget:
     """Verification and tokenization against a vLLM server."""
 
-    exact_support = False  # top-N only: no exact residual draws
     order = SamplerOrder.TEMPERATURE_THEN_TRUNCATE  # vllm/v1/sample/sampler.py
 
     def __init__(self, upstream: Upstream, model: str | None = None) -> None:
@@ -141,11 +141,14 @@ class VLLMTarget:
         except (KeyError, TypeError, ValueError) as exc:
             raise UpstreamUnavailableError("upstream sent a malformed /version answer") from exc
 
-    async def verify_support(self, context: list[int], draft_tokens: Sequence[int], draft_probs: np.ndarray,
-                             params: SamplingParams, seed: int,
-                             client_headers: dict[str, str] | None = None) -> KnownSupport:
-        """Not offered by vLLM (exact_support is False)."""
-        raise NotImplementedError("vLLM returns top-N logprobs only; use verify()")
+    def exactness_problem(self, params: SamplingParams, top_n: int) -> str | None:
+        """What top-N log-probs allow: vLLM returns no more."""
+        return exactness_problem(params, top_n, self.order)
+
+    async def score(self, context: list[int], draft: Draft, plan: ScorePlan) -> Scores:
+        """One /v1/completions call, its top-N folded with the draft into the sampler's support."""
+        verification = await self.verify(context, list(draft.tokens), plan.top_n, plan.client_headers)
+        return Scores(*support_from_top_n(verification, draft.tokens, draft.probs, plan.params, self.order))
 
     async def verify(self, context: list[int], draft_tokens: list[int], top_n: int,
                      client_headers: dict[str, str] | None = None) -> Verification:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from proxy.models import fetch as models
+from proxy.models import registry as models
 from proxy.observability import logs
 
 DEFAULT_PORT = 8001

@@ -1,6 +1,6 @@
 """SGLang-native `POST /generate` for one llama.cpp model: token ids in, raw logprobs and samples out.
 
-Shapes follow SGLang's `GenerateReqInput` and its `meta_info` (see ../shared/guides/backends.md):
+Shapes follow SGLang's `GenerateReqInput` and its `meta_info`:
 `input_token_logprobs[j] = [logprob, token_id, null]` for the input token at
 `logprob_start_len + j`, entry 0 carrying a null logprob (nothing is scored against it here);
 `input_top_logprobs[j]` the top-N `[logprob, id, null]` lists, entry 0 null. Logprobs are raw
@@ -24,8 +24,8 @@ import numpy as np
 
 from proxy.engine.llama import LlamaEngine
 from proxy.errors import BadRequestError
-from proxy.sampling.rejection import sample
 from proxy.sampling.processors import SamplerOrder, SamplingParams, processed_probs
+from proxy.sampling.rejection import sample
 
 MAX_TOP_LOGPROBS = 1000
 LLAMA_CPP_ORDER = SamplerOrder.TRUNCATE_THEN_TEMPERATURE  # this verifier samples as llama.cpp does

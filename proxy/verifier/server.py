@@ -15,14 +15,14 @@ import numpy as np
 from aiohttp import web
 
 from proxy.engine.llama import EngineOptions, LlamaEngine
-
 from proxy.engine.runner import EngineRunner
 from proxy.errors import BadRequestError
-from proxy.wire.openai import CHAT, COMPLETION, GenerationRequest, parse_generation_request, read_json, write_generation
 from proxy.sampling.processors import SamplingParams
-from proxy.wire.textstream import TextStream
 from proxy.verifier.generate import parse_generate, pick_token, run_batch
-from proxy.server.middleware import error_middleware
+from proxy.wire.emit import write_generation
+from proxy.wire.errors import error_middleware
+from proxy.wire.request import CHAT, COMPLETION, GenerationRequest, parse_generation_request, read_json
+from proxy.wire.textstream import TextStream
 
 RUNNER = web.AppKey("runner", EngineRunner)
 MODEL_NAME = web.AppKey("model_name", str)

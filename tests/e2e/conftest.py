@@ -1,4 +1,8 @@
-"""Fixtures of the end-to-end tier: the real models, and real verifier and proxy processes."""
+"""Fixtures of the end-to-end tier: the real models, and real verifier and proxy processes.
+
+The module-scoped fixtures at the end serve `test_proxy_errors.py` alone: the `faults` proxy, its
+verifiers and its faulty upstream. Each module that asks for them gets its own, so no other module should.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from proxy.models import fetch as models
+from tests.e2e.proxy_harness import FIRST_BYTE_S, IDLE_S, ROUTE_KEYED, STALLGEN_FIRST_BYTE_S, route, start_routes_proxy
 from tests.e2e.servers import DRAFT_QWEN, GEMMA, SMOL, TARGET_QWEN, Process, start_proxy, start_verifier, write_routes
+from tests.fakes.faulty_upstream import FakeUpstream, create_app
+from tests.support import free_port
 
 
 @pytest.fixture(scope="session")
@@ -60,5 +67,72 @@ def smol_ngram_proxy(smol_verifier: Process, log_dir: Path) -> Iterator[Process]
 def qwen_proxy(qwen_verifier: Process, log_dir: Path) -> Iterator[Process]:
     """The proxy with the Qwen 0.5B draft in front of the 1.5B target."""
     process = start_proxy(write_routes(log_dir / "qwen.yaml", qwen_verifier.url, DRAFT_QWEN), log_dir)
+    yield process
+    process.stop()
+
+
+# -- the faults proxy (test_proxy_errors.py) --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def faults_verifier(model_paths: dict[str, Path], log_dir: Path) -> Iterator[Process]:
+    """The SmolLM2 verifier behind the `faults` proxy."""
+    process = start_verifier(SMOL, log_dir)
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def doomed_verifier(model_paths: dict[str, Path], log_dir: Path) -> Iterator[Process]:
+    """A verifier that one test kills."""
+    process = start_verifier(SMOL, log_dir)
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def fake(faults_verifier: Process) -> Iterator[FakeUpstream]:
+    """The faulty upstream in front of `faults_verifier`."""
+    with FakeUpstream(create_app(faults_verifier.url)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def faults(faults_verifier: Process, doomed_verifier: Process, fake: FakeUpstream, log_dir: Path) -> Iterator[Process]:
+    """The proxy with one route per situation; a route's model name is the fake's mode, unless said otherwise."""
+    nothing = f"http://127.0.0.1:{free_port()}"
+    process = start_routes_proxy(log_dir / "faults.yaml", [
+        route("smol", faults_verifier.url, draft=SMOL),
+        route("gemma", faults_verifier.url, draft=GEMMA),
+        route("doomed", doomed_verifier.url, draft=SMOL),
+        route("down", nothing),
+        route("keyed-down", nothing, **ROUTE_KEYED),
+        route("stall", f"{fake.url}/stall", timeouts={"first_byte": FIRST_BYTE_S}),
+        route("stallgen", f"{fake.url}/stallgen", draft=SMOL, timeouts={"first_byte": STALLGEN_FIRST_BYTE_S}),
+        route("stallmid", f"{fake.url}/stallmid", timeouts={"idle": IDLE_S}),
+        route("flaky", f"{fake.url}/flaky", draft=SMOL),
+        route("relay", f"{fake.url}/relay", draft=SMOL),
+        route("endless", f"{fake.url}/endless"),
+        route("ratelimit", f"{fake.url}/ratelimit"),
+        route("notjson", f"{fake.url}/notjson", draft=SMOL),
+        route("badshape", f"{fake.url}/badshape", draft=SMOL),
+        route("badshape-topn", f"{fake.url}/badshape-topn", draft=SMOL),
+        route("drop", f"{fake.url}/drop"),
+        route("dropmid", f"{fake.url}/dropmid"),
+        route("keyed", f"{fake.url}/keyed", **ROUTE_KEYED),
+        route("keyed-spec", f"{fake.url}/keyed-spec", draft=SMOL, **ROUTE_KEYED),
+        route("public-name", f"{fake.url}/bigctx", draft=SMOL, upstream={"model": "internal-name"}),
+    ])
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def pure_python_proxy(fake: FakeUpstream, log_dir: Path) -> Iterator[Process]:
+    """A proxy on aiohttp's pure-Python HTTP parser (used where its C extension is not available),
+    which keeps header names as the client spelled them."""
+    routes = [route("keyed", f"{fake.url}/keyed", **ROUTE_KEYED),
+              route("keyed-spec", f"{fake.url}/keyed-spec", draft=SMOL, **ROUTE_KEYED)]
+    process = start_routes_proxy(log_dir / "pure-python.yaml", routes, AIOHTTP_NO_EXTENSIONS="1")
     yield process
     process.stop()

@@ -1,6 +1,6 @@
 """Greedy identity with honest accounting of llama.cpp's batch-shape near-ties.
 
-llama.cpp's logits depend on batch shape (../shared/guides/models.md): a verification pass can
+llama.cpp's logits depend on batch shape: a verification pass can
 break a near-tie of the target's top two logits differently from plain one-token decoding. A
 divergence is accepted only where the target's top-two margin is within the measured
 batch-vs-sequential discrepancy; every other divergence fails.

@@ -10,59 +10,64 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aiohttp
-import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.server.app import create_app
-from proxy.config.schema import parse_config
-from proxy.drafting.llama import Draft, DraftModel
+from proxy.config.load import parse_config
+from proxy.drafting.base import Draft, DraftPlan
+from proxy.drafting.llama import LlamaDrafter
 from proxy.engine.llama import EngineOptions
-from proxy.sampling.processors import SamplerOrder, SamplingParams, one_hot
+from proxy.sampling.processors import one_hot
+from proxy.server.app import create_app
 from tests.e2e import greedy
 from tests.e2e.servers import SMOL, Process
 
 PROMPT = "The history of the printing press begins"
 
 
-class SwitchableDraft(DraftModel):
-    """The real draft, which proposes garbage (wrong tokens, honestly reported) while `bad` is set."""
+class SwitchableDrafter:
+    """The real draft, which proposes garbage (wrong tokens, honestly reported) after `bad_after_rounds` rounds."""
 
-    bad_after_rounds: int | None = None
-    rounds = 0
+    def __init__(self, inner: LlamaDrafter) -> None:
+        self.inner, self.vocabulary = inner, inner.vocabulary
+        self.bad_after_rounds: int | None = None
+        self.rounds = 0
 
-    async def propose(self, context: Sequence[int], k: int, params: SamplingParams, order: SamplerOrder,
-                      support_size: int, rng: np.random.Generator) -> Draft:
-        draft = await super().propose(context, k, params, order, support_size, rng)
+    async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
+        draft = await self.inner.propose(context, plan)
         self.rounds += 1
         if self.bad_after_rounds is None or self.rounds <= self.bad_after_rounds:
             return draft
-        garbage = tuple((t + 7919) % self.engine.n_vocab for t in draft.tokens)  # a prime shift: never the same
-        return Draft(garbage, one_hot(garbage, self.engine.n_vocab))
+        vocab = self.vocabulary.n_vocab
+        garbage = tuple((t + 7919) % vocab for t in draft.tokens)  # a prime shift: never the same
+        return Draft(garbage, one_hot(garbage, vocab))
+
+    def fits(self, n_tokens: int) -> bool:
+        return self.inner.fits(n_tokens)
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 @pytest.fixture(scope="module")
-async def proxy(smol_verifier: Process, model_paths: dict) -> AsyncIterator[tuple[str, SwitchableDraft]]:
+async def proxy(smol_verifier: Process, model_paths: dict) -> AsyncIterator[tuple[str, SwitchableDrafter]]:
     """An in-process proxy whose route reacts fast (EWMA weight 0.5, probe every 2nd request)."""
     config = parse_config({"routes": [{
         "name": "smol", "upstream": {"url": smol_verifier.url},
         "draft": {"model": SMOL, "threads": 1}, "speculation": {"k": 4},
         "fallback": {"ewma_alpha": 0.5, "probe_every_requests": 2, "min_acceptance": 0.3},
     }]})
-    drafts: list[SwitchableDraft] = []
+    drafts: list[SwitchableDrafter] = []
 
-    def load(options: EngineOptions) -> SwitchableDraft:
-        drafts.append(SwitchableDraft.load(options))  # type: ignore[arg-type]
+    def load(options: EngineOptions) -> SwitchableDrafter:
+        drafts.append(SwitchableDrafter(LlamaDrafter.load(options)))
         return drafts[-1]
 
-    server = TestServer(create_app(config, load_draft=load))
+    server = TestServer(create_app(config, load_drafter=load))
     await server.start_server()
     yield str(server.make_url("")), drafts[0]
     await server.close()
-
-
-SwitchableDraft.load = classmethod(lambda cls, options: cls(DraftModel.load(options)._runner))  # type: ignore
 
 
 async def post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[int, dict, dict]:
@@ -80,7 +85,7 @@ def completion(max_tokens: int = 48, **extra: Any) -> dict:
 
 
 async def test_draft_going_bad_switches_mid_stream_and_keeps_the_exact_text(
-    proxy: tuple[str, SwitchableDraft], smol_verifier: Process
+    proxy: tuple[str, SwitchableDrafter], smol_verifier: Process
 ) -> None:
     base, draft = proxy
     draft.rounds, draft.bad_after_rounds = 0, 3
@@ -102,7 +107,7 @@ async def test_draft_going_bad_switches_mid_stream_and_keeps_the_exact_text(
     assert route["mode"] == "passthrough" and "min_acceptance" in route["reason"]
 
 
-async def test_probe_re_measures_after_the_workload_changes_back(proxy: tuple[str, SwitchableDraft]) -> None:
+async def test_probe_re_measures_after_the_workload_changes_back(proxy: tuple[str, SwitchableDrafter]) -> None:
     base, draft = proxy
     draft.bad_after_rounds = None  # the draft is good again
     before = await status_of(base)
@@ -120,7 +125,7 @@ async def test_probe_re_measures_after_the_workload_changes_back(proxy: tuple[st
         assert after["mode"] == "passthrough"  # it does not pay: passthrough is the right answer
 
 
-async def test_requests_can_opt_out_or_pin_k(proxy: tuple[str, SwitchableDraft]) -> None:
+async def test_requests_can_opt_out_or_pin_k(proxy: tuple[str, SwitchableDrafter]) -> None:
     base, _ = proxy
     _, headers, _ = await post(base + "/v1/completions", completion(8), {"X-Speculoos": "off"})
     assert headers["X-Speculoos-Mode"] == "passthrough"
@@ -133,7 +138,7 @@ async def test_requests_can_opt_out_or_pin_k(proxy: tuple[str, SwitchableDraft])
     assert status == 400 and "k must be" in body["error"]["message"]
 
 
-async def test_metrics_parse_and_add_up(proxy: tuple[str, SwitchableDraft]) -> None:
+async def test_metrics_parse_and_add_up(proxy: tuple[str, SwitchableDrafter]) -> None:
     base, _ = proxy
     await post(base + "/v1/completions", completion(16), {"X-Speculoos": "k=3"})
     async with aiohttp.ClientSession() as session, session.get(base + "/metrics") as reply:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import openai
 import pytest
 
-from tests.e2e import greedy
 from tests import support as http
+from tests.e2e import greedy
 from tests.e2e.servers import Process
 
 # Exactness is tested on speculative rounds: the controller must not route these requests around them.

@@ -11,8 +11,8 @@ import pytest
 from llama_cpp import Llama
 
 from proxy.verifier.generate import log_softmax
-from tests.e2e import greedy
 from tests import support as http
+from tests.e2e import greedy
 from tests.e2e.greedy import batch_vs_sequential_gap
 from tests.e2e.servers import SMOL, TARGET_QWEN, Process
 
@@ -109,7 +109,7 @@ def test_shared_prefix_is_cached_and_gives_cold_logprobs(served: tuple[Process, 
 
 
 def test_round_after_round_costs_k_plus_one_rows(qwen_verifier: Process) -> None:
-    """The issue's check: a 200-token context, logprob_start_len = L - 1, K drafts."""
+    """A 200-token context, logprob_start_len = L - 1, K drafts."""
     text = " ".join(f"item_{i} = compute({i}, scale=2)" for i in range(60))
     context = tokenize(qwen_verifier, text)[:200]
     assert len(context) == 200

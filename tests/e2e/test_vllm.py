@@ -26,10 +26,10 @@ import pytest
 import pytest_asyncio
 
 from proxy.models import fetch as models
-from proxy.wire.openai import CHAT, COMPLETION
 from proxy.sampling.processors import SamplingParams
-from proxy.targets.vllm import VLLMTarget
 from proxy.targets.upstream import Timeouts, Upstream, UpstreamStatusError
+from proxy.targets.vllm import VLLMTarget
+from proxy.wire.request import CHAT, COMPLETION
 from tests import support as http
 from tests.e2e.servers import REPO, SMOL, Process, free_port, start_proxy
 

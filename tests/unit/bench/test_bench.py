@@ -6,16 +6,23 @@ import argparse
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from proxy.bench import cli, report, runner, simulate
-from proxy.bench.stats import (Costs, Sample, Spread, identity_check, predicted_rate, predicted_speedup, spread,
-                               summarise)
+from proxy.bench.stats import (
+    Costs,
+    Sample,
+    Spread,
+    identity_check,
+    predicted_rate,
+    predicted_speedup,
+    spread,
+    summarise,
+)
 from proxy.bench.workloads import MIN_PROMPTS, WorkloadError, builtin_names, load, parse_workload
 from proxy.config.schema import FallbackConfig
-from proxy.control.policy import RouteController
+from proxy.control.route import RouteController
 from tests.support import free_port
 
 # -- statistics -----------------------------------------------------------------------------------
@@ -47,14 +54,14 @@ def test_predicted_speedup(alpha: float, k: int, draft: float, verify: float, pl
 
 def test_prediction_matches_the_controllers_rate_through_the_status_json() -> None:
     controller = RouteController(FallbackConfig(), configured_k=2)
-    controller.record_round(2, 1, draft_seconds=0.02, verify_seconds=0.05)
-    controller.record_round(4, 3, draft_seconds=0.04, verify_seconds=0.09)
+    controller.costs.record_round(2, 1, draft_seconds=0.02, verify_seconds=0.05)
+    controller.costs.record_round(4, 3, draft_seconds=0.04, verify_seconds=0.09)
     costs = Costs.from_status(json.loads(json.dumps(controller.status())))  # K keys become strings
     assert costs.verify_seconds_by_k == {2: pytest.approx(0.05), 4: pytest.approx(0.09)}
-    alpha = controller.alpha.value
+    alpha = controller.costs.alpha.value
     for k in (2, 4):
         assert predicted_rate(alpha, k, costs.draft_seconds_per_token, costs.verify_seconds(k)) == \
-            pytest.approx(controller.speculative_rate(k))
+            pytest.approx(controller.costs.speculative_rate(k))
 
 
 @pytest.mark.parametrize(("measured", "k", "expected"), [

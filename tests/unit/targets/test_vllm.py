@@ -20,10 +20,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.errors import UpstreamUnavailableError
-from proxy.wire.openai import CHAT, COMPLETION
 from proxy.sampling.processors import SamplerOrder, SamplingParams
-from proxy.targets.vllm import VLLMInfo, VLLMTarget, parse_max_logprobs, parse_verification
 from proxy.targets.upstream import Timeouts, Upstream, UpstreamStatusError
+from proxy.targets.vllm import VLLMInfo, VLLMTarget, parse_max_logprobs, parse_verification
+from proxy.wire.request import CHAT, COMPLETION
 
 DATA = Path(__file__).parent / "data"
 VERIFY = json.loads((DATA / "vllm_verify_smollm2.json").read_text())
@@ -198,7 +198,8 @@ async def test_probe_reads_version_model_context_and_the_logprobs_cap() -> None:
     async with fake_vllm() as (target, seen):
         info = await target.probe()
     assert info == VLLMInfo(version="0.32.0", model="smollm2-135m", max_model_len=8192, max_logprobs=20)
-    assert target.exact_support is False and target.order is SamplerOrder.TEMPERATURE_THEN_TRUNCATE
+    assert target.exactness_problem(SamplingParams(), 20) is not None  # top-N only: no exact residual draws
+    assert target.order is SamplerOrder.TEMPERATURE_THEN_TRUNCATE
     assert seen[-1] == ("POST /v1/completions", ENDPOINTS["POST /v1/completions over the cap"]["request"])
 
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.errors import BadRequestError
-from proxy.wire.openai import CHAT, COMPLETION, LEGACY_DEFAULT_MAX_TOKENS, parse_generation_request
+from proxy.wire.request import CHAT, COMPLETION, LEGACY_DEFAULT_MAX_TOKENS, parse_generation_request
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

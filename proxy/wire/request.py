@@ -1,29 +1,24 @@
-"""OpenAI wire format: parse chat/completions requests, write JSON and SSE responses.
+"""OpenAI request bodies -> validated `GenerationRequest`s, with the errors a client should see.
 
-Shared by the proxy and the verifier's own OpenAI endpoints. Shapes follow the openai SDK's
-types and vLLM's server (see ../shared/guides/openai-wire.md).
+Shared by the proxy and the verifier's own OpenAI endpoints. Shapes follow the openai SDK's types
+and vLLM's server.
 """
 
 from __future__ import annotations
 
 import json
-import time
-import uuid
-from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from aiohttp import web
 
-from proxy.errors import BadRequestError, ContextOverflowError, SpeculoosError
+from proxy.errors import BadRequestError, ContextOverflowError
 from proxy.sampling.processors import SamplingParams
-from proxy.wire.textstream import TextStream
 
 CHAT = "chat"
 COMPLETION = "completion"
 LEGACY_DEFAULT_MAX_TOKENS = 16  # /v1/completions default on vLLM and SGLang
 MAX_STOP_STRINGS = 4
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 # Fields we cannot reproduce while speculating: a request using them passes through instead.
 UNSUPPORTED_WHEN_SET = (
@@ -191,144 +186,3 @@ async def read_json(request: web.Request) -> Any:
         return json.loads(await request.read())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequestError(f"the request body is not valid JSON: {exc}") from exc
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    """OpenAI usage object."""
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-class ResponseShape:
-    """Builds the chunks and the final body for one response."""
-
-    def __init__(self, kind: str, model: str, *, include_usage: bool = False) -> None:
-        self.kind = kind
-        self.model = model
-        self.include_usage = include_usage
-        prefix = "chatcmpl" if kind == CHAT else "cmpl"
-        self.id = f"{prefix}-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-
-    def _envelope(self, obj: str, choices: list[dict]) -> dict[str, Any]:
-        body = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
-        if self.include_usage:
-            body["usage"] = None  # every chunk but the last carries usage: null (OpenAI)
-        return body
-
-    def chunk(self, text: str | None, finish_reason: str | None, *, role: bool = False) -> dict[str, Any]:
-        """One streaming chunk."""
-        if self.kind == CHAT:
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {"content": text}
-            choice = {"index": 0, "delta": delta if text is not None or role else {}, "logprobs": None,
-                      "finish_reason": finish_reason}
-            return self._envelope("chat.completion.chunk", [choice])
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-        return self._envelope("text_completion", [choice])
-
-    def usage_chunk(self, usage_obj: dict[str, int]) -> dict[str, Any]:
-        """The final stream_options.include_usage chunk: no choices."""
-        body = self._envelope("chat.completion.chunk" if self.kind == CHAT else "text_completion", [])
-        body["usage"] = usage_obj
-        return body
-
-    def full(self, text: str, finish_reason: str | None, usage_obj: dict[str, int]) -> dict[str, Any]:
-        """The non-streaming response body."""
-        if self.kind == CHAT:
-            message = {"role": "assistant", "content": text}
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
-            body = self._envelope("chat.completion", [choice])
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-            body = self._envelope("text_completion", [choice])
-        body["usage"] = usage_obj
-        return body
-
-
-def sse_event(obj: Any) -> bytes:
-    """One server-sent event."""
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
-
-
-SSE_DONE = b"data: [DONE]\n\n"
-
-
-@dataclass
-class GenerationOutcome:
-    """What a finished generation produced, for logs and stats."""
-
-    text: str
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-
-
-async def _open_stream(request: web.Request, shape: ResponseShape, headers: dict[str, str] | None) -> web.StreamResponse:
-    """Send the SSE headers and, for chat, the first chunk with the assistant role."""
-    response = web.StreamResponse(headers={**SSE_HEADERS, **(headers or {})})
-    await response.prepare(request)
-    if shape.kind == CHAT:
-        await response.write(sse_event(shape.chunk(None, None, role=True)))
-    return response
-
-
-async def write_generation(
-    request: web.Request,
-    parsed: GenerationRequest,
-    token_batches: AsyncIterator[Sequence[int]],
-    stream: TextStream,
-    prompt_tokens: int,
-    *,
-    headers: dict[str, str] | None = None,
-    extension: Any = None,
-) -> tuple[web.StreamResponse, GenerationOutcome]:
-    """Drive `token_batches` through `stream` and answer in JSON or SSE.
-
-    The first batch is awaited before any byte is sent, so an upstream that is down on the first
-    round still gets a proper HTTP error; later failures go in-band as an error event. `extension`,
-    if given, is a callable returning a JSON object added as `speculoos` to the usage chunk or body.
-    """
-    shape = ResponseShape(parsed.kind, parsed.model, include_usage=parsed.stream and parsed.include_usage)
-    response: web.StreamResponse | None = None
-    try:
-        async for batch in token_batches:
-            delta = stream.push(batch)
-            if parsed.stream:
-                if response is None:
-                    response = await _open_stream(request, shape, headers)
-                if delta.text or delta.finish_reason:
-                    await response.write(sse_event(shape.chunk(delta.text, delta.finish_reason)))
-            if delta.finish_reason:
-                break
-        else:
-            delta = stream.close()
-            if parsed.stream and response is not None:
-                await response.write(sse_event(shape.chunk(delta.text, delta.finish_reason)))
-    except SpeculoosError as exc:
-        if response is None:
-            raise
-        await response.write(sse_event(exc.to_body()))
-        await response.write(SSE_DONE)
-        return response, GenerationOutcome(stream.text, None, prompt_tokens, stream.completion_tokens)
-    finally:
-        await token_batches.aclose()  # type: ignore[attr-defined]
-    usage_obj = usage(prompt_tokens, stream.completion_tokens)
-    outcome = GenerationOutcome(stream.text, stream.finish_reason, prompt_tokens, stream.completion_tokens)
-    if not parsed.stream:
-        body = shape.full(stream.text, stream.finish_reason, usage_obj)
-        if extension is not None:
-            body["speculoos"] = extension()
-        return web.json_response(body, headers=headers), outcome
-    if response is None:  # the generator produced nothing at all: still a well-formed stream
-        response = await _open_stream(request, shape, headers)
-        await response.write(sse_event(shape.chunk("", stream.close().finish_reason)))
-    if parsed.include_usage:
-        chunk = shape.usage_chunk(usage_obj)
-        if extension is not None:
-            chunk["speculoos"] = extension()
-        await response.write(sse_event(chunk))
-    await response.write(SSE_DONE)
-    return response, outcome

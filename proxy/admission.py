@@ -1,0 +1,43 @@
+"""Whether a request may be served speculatively: a pure function of the request and the route.
+
+What it cannot decide alone comes after it, in the handler: the tokenizer check (which may need
+the upstream) and the route controller's speculate-or-pass decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.config.schema import SpeculationConfig
+from proxy.targets.base import Target
+from proxy.targets.topn import bound_problem
+from proxy.wire.control import RequestControl
+from proxy.wire.request import GenerationRequest
+
+
+@dataclass(frozen=True)
+class RouteSnapshot:
+    """What admission needs to know about a route."""
+
+    speculation: SpeculationConfig
+    has_drafter: bool
+    target: Target | None  # None: the protocol cannot verify
+
+
+def passthrough_reason(route: RouteSnapshot, request: GenerationRequest, control: RequestControl) -> str | None:
+    """Why this request must pass through untouched, or None if it may speculate."""
+    if not route.has_drafter or route.target is None:
+        return "route has no draft model" if not route.has_drafter else "upstream protocol cannot verify"
+    if not route.speculation.enabled:
+        return "speculation disabled for this route"
+    if control.off:
+        return "client opted out"
+    if request.unsupported:
+        return "parameters only the upstream can honour: " + ", ".join(request.unsupported)
+    params, spec = request.sampling_params, route.speculation
+    problem = route.target.exactness_problem(params, spec.top_logprobs)
+    if problem is not None and spec.sampling == "exact":
+        return f"cannot be exact: {problem}"
+    if problem is not None and (bounded := bound_problem(params)) is not None:
+        return f"cannot be bounded: {bounded}"
+    return None

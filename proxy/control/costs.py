@@ -1,0 +1,115 @@
+"""Route-shared measurements: α, draft time per token, verification time by K, and the plain rate.
+
+Costs are measured, never assumed: verification time as a function of K is flat on a GPU and
+steep on a CPU, and the plain rate comes from real passthrough requests and plain chunks. Every
+request on the route feeds them; none of them decides anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from proxy.decode.events import Event, PlainEvent, RoundEvent
+
+UNMEASURED_ALPHA = 0.5  # a neutral prior before any round was seen
+MIN_PLAIN_TOKENS = 4  # shorter passthrough answers say little about the decoding rate
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Expected tokens emitted by a round of k drafts at acceptance rate α (Leviathan et al., eq. 1)."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+@dataclass
+class Ewma:
+    """An exponentially weighted moving average."""
+
+    weight: float
+    value: float | None = None
+    samples: int = 0
+
+    def add(self, x: float) -> None:
+        """Fold in one observation."""
+        self.value = x if self.value is None else (1.0 - self.weight) * self.value + self.weight * x
+        self.samples += 1
+
+
+@dataclass
+class RouteCosts:
+    """What a route has measured so far, as EWMAs."""
+
+    weight: float  # the EWMA weight of a new observation
+    k_max: int  # positions tracked for α per position
+    alpha: Ewma = field(init=False)
+    alpha_per_position: list[Ewma] = field(init=False)
+    draft_per_token: Ewma = field(init=False)
+    verify_by_k: dict[int, Ewma] = field(init=False)
+    plain_per_token: Ewma = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.alpha = Ewma(self.weight)
+        self.alpha_per_position = [Ewma(self.weight) for _ in range(self.k_max)]
+        self.draft_per_token = Ewma(self.weight)
+        self.verify_by_k = {}
+        self.plain_per_token = Ewma(self.weight)
+
+    def observe(self, event: Event) -> None:
+        """Fold in a speculative generation's round or plain chunk."""
+        if isinstance(event, RoundEvent):
+            self.record_round(len(event.drafted), event.accepted, event.draft_seconds, event.verify_seconds,
+                              costs=event.warm)
+        elif isinstance(event, PlainEvent):
+            self.record_plain(len(event.tokens), event.seconds)
+
+    def record_round(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float,
+                     *, costs: bool = True) -> None:
+        """One speculative round's outcome, and its costs unless they include a prefill (costs=False)."""
+        if k > 0:
+            self.alpha.add(accepted / k)
+            for position in range(min(k, len(self.alpha_per_position))):
+                self.alpha_per_position[position].add(1.0 if position < accepted else 0.0)
+        if not costs:
+            return
+        if k > 0:
+            self.draft_per_token.add(draft_seconds / k)
+        self.verify_by_k.setdefault(k, Ewma(self.weight)).add(verify_seconds)
+
+    def record_plain(self, tokens: int, seconds: float) -> None:
+        """Target-only decoding: a passthrough answer or a plain chunk after a mid-stream switch."""
+        if tokens >= MIN_PLAIN_TOKENS and seconds > 0:
+            self.plain_per_token.add(seconds / tokens)
+
+    def verify_time(self, k: int) -> float | None:
+        """Predicted verification time for k drafts: measured, or a line fitted through what was measured."""
+        measured = {kk: e.value for kk, e in self.verify_by_k.items() if e.value is not None}
+        if k in measured:
+            return measured[k]
+        if not measured:
+            return None
+        if len(measured) == 1:
+            # One point cannot tell a flat GPU from a steep CPU: assume cost grows with the tokens
+            # evaluated (k + 1), the cautious guess; exploring a neighbour refines it.
+            (known_k, known_t), = measured.items()
+            return known_t * (k + 1) / (known_k + 1)
+        ks = np.array(list(measured), dtype=float)
+        slope, intercept = np.polyfit(ks, np.array(list(measured.values())), 1)
+        return max(float(intercept + slope * k), 1e-6)
+
+    def speculative_rate(self, k: int, alpha: float | None = None) -> float | None:
+        """Predicted tokens/s with k drafts per round (at the route's α unless one is given)."""
+        verify = self.verify_time(k)
+        if verify is None or self.draft_per_token.value is None:
+            return None
+        if alpha is None:
+            alpha = self.alpha.value if self.alpha.value is not None else UNMEASURED_ALPHA
+        return expected_tokens(alpha, k) / (k * self.draft_per_token.value + verify)
+
+    @property
+    def plain_rate(self) -> float | None:
+        """Measured target-only tokens/s."""
+        value = self.plain_per_token.value
+        return 1.0 / value if value else None

@@ -1,0 +1,88 @@
+"""A route's own decision: whether new requests speculate, from the route's measurements, with probes.
+
+The route decides with its own α (an EWMA over every request's rounds), so one request's α never
+flips the mode of the others. Once in passthrough, it probes speculation again every N requests
+or T seconds, so a route recovers when the workload changes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from proxy.config.schema import FallbackConfig
+from proxy.control.costs import RouteCosts
+from proxy.control.policy import MIN_ROUNDS_BEFORE_SWITCH, NOT_MEASURED, Decision, RequestPolicy, choose_k
+from proxy.decode.events import Event, PlainEvent, RoundEvent
+
+
+@dataclass
+class RouteController:
+    """Online measurements and the speculate-or-pass decision for one route."""
+
+    settings: FallbackConfig
+    configured_k: int
+    clock: Callable[[], float] = time.monotonic
+    costs: RouteCosts = field(init=False)
+    current: Decision = field(init=False)
+    requests_since_probe: int = 0
+    last_probe: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.costs = RouteCosts(self.settings.ewma_alpha, self.settings.k_max)
+        self.current = Decision(self.configured_k, NOT_MEASURED)
+        self.last_probe = self.clock()
+
+    def observe(self, event: Event) -> None:
+        """A speculative generation's event: measure it, then decide again for the route."""
+        self.costs.observe(event)
+        if isinstance(event, RoundEvent | PlainEvent):
+            self.decide()
+
+    def record_plain(self, tokens: int, seconds: float) -> None:
+        """A passthrough answer's decoding rate (a measurement only; the route's mode changes at probes)."""
+        self.costs.record_plain(tokens, seconds)
+
+    def decide(self) -> Decision:
+        """The route's decision from its own α and costs."""
+        alpha = self.costs.alpha
+        self.current = choose_k(self.costs, self.settings, self.configured_k, alpha=alpha.value,
+                                alpha_rounds=alpha.samples, speculating=self.current.k > 0)
+        return self.current
+
+    def policy(self, *, forced: bool = False) -> RequestPolicy:
+        """A new request's policy, starting from the route's decision."""
+        return RequestPolicy(self.costs, self.settings, self.configured_k, self.current, forced=forced)
+
+    def start_request(self) -> tuple[bool, str]:
+        """Whether a new request should speculate, and why."""
+        if self.current.k > 0:
+            if self.costs.plain_rate is None and self.costs.alpha.samples >= MIN_ROUNDS_BEFORE_SWITCH:
+                return False, "measuring the passthrough rate"
+            return True, self.current.reason
+        self.requests_since_probe += 1
+        due = (self.requests_since_probe >= self.settings.probe_every_requests
+               or self.clock() - self.last_probe >= self.settings.probe_every_seconds)
+        if due:
+            self.requests_since_probe = 0
+            self.last_probe = self.clock()
+            return True, "probing speculation again"
+        if self.costs.plain_rate is None:
+            return False, "measuring the passthrough rate"
+        return False, self.current.reason
+
+    def status(self) -> dict:
+        """A JSON-friendly snapshot for /speculoos/status."""
+        s, costs = self.settings, self.costs
+        return {
+            "mode": "speculative" if self.current.k > 0 else "passthrough",
+            "k": self.current.k,
+            "reason": self.current.reason,
+            "alpha": costs.alpha.value,
+            "alpha_per_position": [e.value for e in costs.alpha_per_position],
+            "draft_seconds_per_token": costs.draft_per_token.value,
+            "verify_seconds_by_k": {k: e.value for k, e in sorted(costs.verify_by_k.items())},
+            "plain_tokens_per_second": costs.plain_rate,
+            "predicted_tokens_per_second_by_k": {k: costs.speculative_rate(k) for k in range(s.k_min, s.k_max + 1)},
+        }

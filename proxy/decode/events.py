@@ -1,0 +1,70 @@
+"""What a generation publishes as it goes: one event per round, per plain chunk, and at a switch.
+
+Request stats, the route's cost measurements, Prometheus metrics and logs subscribe to these; the
+round loop knows none of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RoundEvent:
+    """One speculative round: what was drafted, accepted and emitted, and what it cost."""
+
+    request_id: str
+    route: str
+    index: int  # 0 for a generation's first round, which also pays the prompt's prefill on both sides
+    k: int  # the K asked of the drafter
+    drafted: tuple[int, ...]  # the tokens the drafter proposed (possibly fewer than k)
+    accepted: int  # how many of them the target accepted
+    emitted: tuple[int, ...]  # what the round added to the output (accepted drafts + one target token, cut
+    # at max_tokens)
+    draft_seconds: float
+    verify_seconds: float
+    tv_bound: float = 0.0  # bounded sampling: this round's total-variation bound
+
+    @property
+    def warm(self) -> bool:
+        """Whether the round's costs are free of prefill (every round but the first)."""
+        return self.index > 0
+
+
+@dataclass(frozen=True)
+class PlainEvent:
+    """One chunk of plain decoding on the target, after a switch away from speculation."""
+
+    request_id: str
+    route: str
+    tokens: tuple[int, ...]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SwitchEvent:
+    """The generation stops speculating and continues by plain decoding."""
+
+    request_id: str
+    route: str
+    reason: str
+
+
+Event = RoundEvent | PlainEvent | SwitchEvent
+Subscriber = Callable[[Event], None]
+
+
+class Publisher:
+    """Hands each event to every subscriber, in order."""
+
+    def __init__(self, subscribers: Sequence[Subscriber] = ()) -> None:
+        self._subscribers = list(subscribers)
+
+    def subscribe(self, subscriber: Subscriber) -> None:
+        """Add a subscriber; it sees the events published from now on."""
+        self._subscribers.append(subscriber)
+
+    def __call__(self, event: Event) -> None:
+        for subscriber in self._subscribers:
+            subscriber(event)

@@ -1,0 +1,27 @@
+"""Plain continuation: the target decodes the rest of a generation itself, a few tokens per call."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from proxy.decode.events import PlainEvent
+from proxy.decode.session import Session
+from proxy.targets.base import Target
+
+PLAIN_CHUNK = 8  # tokens per plain-decoding call
+
+
+async def plain_tokens(session: Session, target: Target, context: list[int], remaining: int) -> AsyncIterator[list[int]]:
+    """Yield chunks decoded by the target until `remaining` tokens or the end of generation."""
+    context = list(context)
+    while remaining > 0:
+        started = time.perf_counter()
+        tokens = await target.generate(context, min(PLAIN_CHUNK, remaining), session.params, session.target_seed(),
+                                       session.client_headers)
+        session.publish(PlainEvent(session.request_id, session.route, tuple(tokens), time.perf_counter() - started))
+        if not tokens:
+            return
+        yield tokens
+        context.extend(tokens)
+        remaining -= len(tokens)

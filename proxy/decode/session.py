@@ -1,0 +1,76 @@
+"""One request's fixed inputs to the round loop: its plan, its policy and its random streams."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from proxy.control.policy import Decision
+from proxy.decode.events import Event, Subscriber
+from proxy.drafting.base import DraftPlan
+from proxy.sampling.processors import SamplerOrder, SamplingParams
+from proxy.targets.base import ScorePlan
+
+SEED_BOUND = 2**63  # seeds handed to servers fit a signed 64-bit integer
+
+
+class Policy(Protocol):
+    """Per request: the K for each next round (0: continue by plain decoding), learning from its events."""
+
+    def next_k(self) -> Decision:
+        """The next round's K and why."""
+        ...
+
+    def observe(self, event: Event) -> None:
+        """This request's own events."""
+        ...
+
+
+@dataclass(frozen=True)
+class RequestRandom:
+    """Independent random streams derived from one seed, so reordering work cannot change a seeded request's draws."""
+
+    draft: np.random.Generator  # the drafter's samples
+    target: np.random.Generator  # seeds for draws the server makes
+    accept: np.random.Generator  # acceptance tests and residual samples
+
+    @classmethod
+    def from_seed(cls, seed: int | None) -> RequestRandom:
+        """Streams spawned from the request's seed (fresh entropy without one)."""
+        # SeedSequence takes non-negative entropy; a negative client seed maps to a distinct one.
+        entropy = None if seed is None else seed % 2**64
+        draft, target, accept = np.random.SeedSequence(entropy).spawn(3)
+        return cls(np.random.default_rng(draft), np.random.default_rng(target), np.random.default_rng(accept))
+
+
+@dataclass(frozen=True)
+class Session:
+    """What the round loop needs to know about one request."""
+
+    request_id: str
+    route: str
+    prompt_ids: Sequence[int]
+    max_tokens: int
+    params: SamplingParams
+    order: SamplerOrder  # the target's sampler order; the draft samples the same way
+    top_n: int  # candidates per position: the target's top-N, and the draft's support size
+    policy: Policy
+    random: RequestRandom
+    publish: Subscriber
+    client_headers: dict[str, str] | None = None
+    max_tv: float = 0.0  # bounded sampling: a round whose error bound exceeds this ends speculation
+
+    def draft_plan(self, k: int) -> DraftPlan:
+        """A round's request to the drafter."""
+        return DraftPlan(k, self.params, self.order, self.top_n, self.random.draft)
+
+    def target_seed(self) -> int:
+        """A seed for the next draw the server makes."""
+        return int(self.random.target.integers(SEED_BOUND))
+
+    def score_plan(self) -> ScorePlan:
+        """A round's request to the target."""
+        return ScorePlan(self.params, self.top_n, self.target_seed(), self.client_headers)

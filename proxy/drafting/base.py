@@ -1,0 +1,79 @@
+"""The Drafter protocol: propose K tokens after a context, with the distribution each was drawn from.
+
+Every drafter (the llama.cpp model, prompt lookup, both) answers one async call; blocking engines
+and their locks stay private to the drafter that owns them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from proxy.sampling.processors import SamplerOrder, SamplingParams
+
+
+@dataclass(frozen=True)
+class Draft:
+    """K drafted tokens and the distribution each was drawn from."""
+
+    tokens: tuple[int, ...]  # [k]
+    probs: np.ndarray  # [k, vocab] float64: the exact distribution each token was sampled from,
+    # truncated to the draft's top candidates so the target can be asked about every one of them
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class DraftPlan:
+    """What one round asks of a drafter."""
+
+    k: int  # at most this many tokens
+    params: SamplingParams
+    order: SamplerOrder  # the target's sampler order; the draft samples the same way
+    support_size: int  # candidates kept per position (the target is asked about each)
+    rng: np.random.Generator  # the request's drafting stream
+
+
+class Vocabulary(Protocol):
+    """The tokenizer side of a drafter's GGUF: what text streams and tokenizer checks need."""
+
+    n_vocab: int
+
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        """Token ids for text."""
+        ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token renders to."""
+        ...
+
+    def is_end_of_generation(self, token: int) -> bool:
+        """True for EOS and end-of-turn tokens."""
+        ...
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        """BOS and EOS ids."""
+        ...
+
+
+class Drafter(Protocol):
+    """What the round loop needs from a draft."""
+
+    vocabulary: Vocabulary
+
+    async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
+        """Up to plan.k tokens after context (fewer, even none, when the drafter has nothing better)."""
+        ...
+
+    def fits(self, n_tokens: int) -> bool:
+        """Whether a context of n_tokens (plus a round of drafts) fits the drafter."""
+        ...
+
+    def close(self) -> None:
+        """Free what the drafter holds."""
+        ...

@@ -1,0 +1,45 @@
+"""The client's say over speculation: the X-Speculoos header and the `speculoos` body field."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.errors import BadRequestError
+
+CONTROL_HEADER = "X-Speculoos"  # "off", "on" (skip the controller), or "k=N" (pin K)
+CONTROL_FIELD = "speculoos"  # body: {"mode": "off" | "on" | "auto", "k": N}; removed before forwarding
+MAX_PINNED_K = 32
+
+
+@dataclass(frozen=True)
+class RequestControl:
+    """What the client asked of speculation for this one request."""
+
+    off: bool = False
+    forced: bool = False  # speculate even where the controller would pass through
+    pinned_k: int | None = None
+
+
+def _pinned(value: Any, source: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PINNED_K:
+        raise BadRequestError(f"{source}: k must be an integer in 1..{MAX_PINNED_K}", param=CONTROL_FIELD)
+    return value
+
+
+def request_control(headers: Mapping[str, str], body: dict) -> RequestControl:
+    """Read the X-Speculoos header and the `speculoos` body field."""
+    header = headers.get(CONTROL_HEADER, "").strip().lower()
+    field = body.get(CONTROL_FIELD, {})
+    if not isinstance(field, dict) or set(field) - {"mode", "k"} or field.get("mode", "auto") not in ("on", "off", "auto"):
+        raise BadRequestError("'speculoos' must be an object with 'mode' (on, off, auto) and/or 'k'", param=CONTROL_FIELD)
+    if header.startswith("k="):
+        value = header[2:]
+        return RequestControl(forced=True, pinned_k=_pinned(int(value) if value.isdigit() else value, CONTROL_HEADER))
+    if header not in ("", "on", "off", "auto"):
+        raise BadRequestError(f"{CONTROL_HEADER} must be off, on, auto or k=N", param=CONTROL_HEADER)
+    off = header == "off" or field.get("mode") == "off"
+    pinned = _pinned(field["k"], CONTROL_FIELD) if "k" in field else None
+    return RequestControl(off=off, forced=header == "on" or field.get("mode") == "on" or pinned is not None,
+                          pinned_k=pinned)

@@ -1,0 +1,75 @@
+"""OpenAI response shapes: chunks, usage and whole bodies, and SSE framing."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from proxy.wire.request import CHAT
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """OpenAI usage object."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+class ResponseShape:
+    """Builds the chunks and the final body for one response."""
+
+    def __init__(self, kind: str, model: str, *, include_usage: bool = False) -> None:
+        self.kind = kind
+        self.model = model
+        self.include_usage = include_usage
+        prefix = "chatcmpl" if kind == CHAT else "cmpl"
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def _envelope(self, obj: str, choices: list[dict]) -> dict[str, Any]:
+        body = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+        if self.include_usage:
+            body["usage"] = None  # every chunk but the last carries usage: null (OpenAI)
+        return body
+
+    def chunk(self, text: str | None, finish_reason: str | None, *, role: bool = False) -> dict[str, Any]:
+        """One streaming chunk."""
+        if self.kind == CHAT:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {"content": text}
+            choice = {"index": 0, "delta": delta if text is not None or role else {}, "logprobs": None,
+                      "finish_reason": finish_reason}
+            return self._envelope("chat.completion.chunk", [choice])
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        return self._envelope("text_completion", [choice])
+
+    def usage_chunk(self, usage_obj: dict[str, int]) -> dict[str, Any]:
+        """The final stream_options.include_usage chunk: no choices."""
+        body = self._envelope("chat.completion.chunk" if self.kind == CHAT else "text_completion", [])
+        body["usage"] = usage_obj
+        return body
+
+    def full(self, text: str, finish_reason: str | None, usage_obj: dict[str, int]) -> dict[str, Any]:
+        """The non-streaming response body."""
+        if self.kind == CHAT:
+            message = {"role": "assistant", "content": text}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+            body = self._envelope("chat.completion", [choice])
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            body = self._envelope("text_completion", [choice])
+        body["usage"] = usage_obj
+        return body
+
+
+def sse_event(obj: Any) -> bytes:
+    """One server-sent event."""
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"

@@ -1,0 +1,58 @@
+"""Drafters for unit tests: a scripted one (the tokens a test chooses) and one that samples a toy model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from proxy.drafting.base import Draft, DraftPlan
+from proxy.sampling.processors import one_hot, truncate_to_top
+from proxy.sampling.rejection import sample
+from tests.fakes.toy_model import ToyModel, ToyVocabulary
+
+Script = Callable[[Sequence[int], int], Sequence[int]]  # (context, k) -> the tokens to propose
+
+
+class ScriptedDrafter:
+    """Proposes what its script says, as one-hot drafts (like prompt lookup); records each call."""
+
+    def __init__(self, script: Script) -> None:
+        self.vocabulary = ToyVocabulary()
+        self.script = script
+        self.calls: list[tuple[int, int]] = []  # (context length, k)
+
+    async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
+        self.calls.append((len(context), plan.k))
+        tokens = tuple(self.script(context, plan.k))[: plan.k]
+        return Draft(tokens, one_hot(tokens, self.vocabulary.n_vocab))
+
+    def fits(self, n_tokens: int) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+class ToyDrafter:
+    """Samples from a toy model (another seed than the target's: a draft that is sometimes wrong)."""
+
+    def __init__(self, model: ToyModel) -> None:
+        self.vocabulary = ToyVocabulary()
+        self.model = model
+
+    async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
+        context, tokens, rows = list(context), [], []
+        for _ in range(plan.k):
+            probs = truncate_to_top(self.model.probs(context, plan.params, plan.order), plan.support_size)
+            token = sample(probs, plan.rng)
+            tokens.append(token)
+            rows.append(probs)
+            context.append(token)
+        return Draft(tuple(tokens), np.stack(rows) if rows else np.zeros((0, self.model.vocab)))
+
+    def fits(self, n_tokens: int) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass

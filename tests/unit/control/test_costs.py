@@ -1,0 +1,60 @@
+"""The route's measurements: expected tokens, EWMAs, the verification-cost fit, predicted rates."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.control.costs import RouteCosts, expected_tokens
+from proxy.decode.events import PlainEvent, RoundEvent
+
+
+@pytest.mark.parametrize(("alpha", "k", "expected"), [
+    (0.0, 4, 1.0),  # every draft rejected: only the target's token
+    (1.0, 4, 5.0),  # all accepted plus the bonus
+    (0.5, 1, 1.5),
+    (0.5, 3, 1.875),  # (1 - 0.5^4) / 0.5
+    (0.8, 4, (1 - 0.8**5) / 0.2),
+])
+def test_expected_tokens_per_round(alpha: float, k: int, expected: float) -> None:
+    assert expected_tokens(alpha, k) == pytest.approx(expected)
+
+
+def feed_rounds(costs: RouteCosts, k: int, accepted: int, draft_s: float, verify_s: float, n: int = 10) -> None:
+    for _ in range(n):
+        costs.record_round(k, accepted, draft_s, verify_s)
+
+
+def test_verification_cost_is_fitted_across_k() -> None:
+    costs = RouteCosts(0.1, 8)
+    feed_rounds(costs, 2, 2, 0.02, 0.30)
+    assert costs.verify_time(5) == pytest.approx(0.30 * 6 / 3)  # one point: cost grows with tokens evaluated
+    feed_rounds(costs, 4, 4, 0.04, 0.50)
+    assert costs.verify_time(6) == pytest.approx(0.70)  # two points: the line through them
+    assert costs.verify_time(4) == pytest.approx(0.50)
+
+
+def round_event(index: int, drafted: int, accepted: int, draft_s: float = 0.04, verify_s: float = 0.2) -> RoundEvent:
+    return RoundEvent("r", "route", index, drafted, tuple(range(1, drafted + 1)), accepted,
+                      tuple(range(accepted + 1)), draft_s, verify_s)
+
+
+def test_events_feed_the_measurements_and_the_first_round_pays_no_costs() -> None:
+    costs = RouteCosts(0.5, 8)
+    costs.observe(round_event(0, 4, 2, draft_s=9.0, verify_s=9.0))  # the prefill round: α only
+    assert costs.alpha.value == pytest.approx(0.5) and costs.draft_per_token.value is None and not costs.verify_by_k
+    costs.observe(round_event(1, 4, 4))
+    assert costs.alpha.value == pytest.approx(0.75)
+    assert costs.draft_per_token.value == pytest.approx(0.01) and costs.verify_time(4) == pytest.approx(0.2)
+    assert [e.value for e in costs.alpha_per_position[:4]] == pytest.approx([1.0, 1.0, 0.5, 0.5])
+    costs.observe(PlainEvent("r", "route", (1, 2, 3), 0.3))  # too short to say much about the rate
+    assert costs.plain_rate is None
+    costs.observe(PlainEvent("r", "route", (1, 2, 3, 4, 5, 6, 7, 8), 0.4))
+    assert costs.plain_rate == pytest.approx(20.0)
+
+
+def test_speculative_rate_uses_the_given_alpha_or_the_routes() -> None:
+    costs = RouteCosts(1.0, 8)
+    assert costs.speculative_rate(4) is None  # nothing measured
+    costs.record_round(4, 2, draft_seconds=0.04, verify_seconds=0.06)
+    assert costs.speculative_rate(4) == pytest.approx(expected_tokens(0.5, 4) / 0.1)
+    assert costs.speculative_rate(4, alpha=1.0) == pytest.approx(5 / 0.1)

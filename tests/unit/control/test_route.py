@@ -1,0 +1,71 @@
+"""A route's decision: from its own α, probes from passthrough, and the status JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from proxy.config.schema import FallbackConfig
+from proxy.control.policy import MIN_ROUNDS_BEFORE_SWITCH
+from proxy.control.route import RouteController
+from tests.unit.control.test_costs import feed_rounds, round_event
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def controller(**settings: float) -> tuple[RouteController, Clock]:
+    clock = Clock()
+    return RouteController(FallbackConfig(**settings), configured_k=4, clock=clock), clock
+
+
+def test_passthrough_probes_again_by_requests_and_by_time() -> None:
+    c, clock = controller(probe_every_requests=3, probe_every_seconds=60)
+    feed_rounds(c.costs, 4, 0, 0.01, 0.01, n=MIN_ROUNDS_BEFORE_SWITCH)
+    c.record_plain(10, 1.0)
+    assert c.decide().k == 0
+    verdicts = [c.start_request()[0] for _ in range(3)]
+    assert verdicts == [False, False, True]  # every third request probes
+    clock.now += 61
+    assert c.start_request() == (True, "probing speculation again")  # and after 60 s whatever the count
+
+
+def test_speculating_route_measures_passthrough_once() -> None:
+    c, _ = controller()
+    assert c.start_request()[0] is True  # nothing measured: speculate with the configured k
+    feed_rounds(c.costs, 4, 3, 0.01, 0.05, n=MIN_ROUNDS_BEFORE_SWITCH)
+    assert c.start_request() == (False, "measuring the passthrough rate")
+    c.record_plain(20, 2.0)
+    assert c.start_request()[0] is True
+
+
+def test_rounds_move_the_routes_decision_by_the_routes_alpha() -> None:
+    c, _ = controller(min_acceptance=0.3, ewma_alpha=0.5)
+    for index in range(MIN_ROUNDS_BEFORE_SWITCH):
+        c.observe(round_event(index, 4, 0))
+    assert c.current.k == 0 and "min_acceptance" in c.current.reason
+    assert c.status()["mode"] == "passthrough"
+
+
+def test_a_passthrough_measurement_does_not_flip_the_route() -> None:
+    c, _ = controller(min_acceptance=0.3)
+    feed_rounds(c.costs, 4, 0, 0.01, 0.01, n=MIN_ROUNDS_BEFORE_SWITCH)
+    c.decide()
+    c.record_plain(100, 100.0)
+    assert c.current.k == 0
+
+
+def test_status_is_json_friendly() -> None:
+    c, _ = controller()
+    feed_rounds(c.costs, 4, 3, 0.01, 0.05)
+    status = c.status()
+    assert json.loads(json.dumps(status))["mode"] == "speculative"
+    assert status["alpha"] == pytest.approx(0.75)

@@ -1,0 +1,165 @@
+"""The round loop with a scripted drafter and the real SGLang client against a fake SGLang (a toy model)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from proxy.control.policy import Decision, PinnedPolicy
+from proxy.decode.events import Event, PlainEvent, Publisher, RoundEvent, SwitchEvent
+from proxy.decode.loop import speculative_tokens
+from proxy.decode.plain import PLAIN_CHUNK
+from proxy.decode.session import RequestRandom, Session
+from proxy.drafting.base import Drafter
+from proxy.sampling.processors import SamplingParams
+from proxy.targets.sglang import SGLangTarget
+from proxy.targets.upstream import Timeouts, Upstream
+from tests.fakes.drafter import ScriptedDrafter
+from tests.fakes.sglang import SEEN, fake_sglang_app
+from tests.fakes.toy_model import END, ToyModel
+
+PROMPT = [3, 5, 7, 11]
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@dataclass
+class Served:
+    """A fake SGLang server, the target client talking to it, and the toy model behind it."""
+
+    target: SGLangTarget
+    model: ToyModel
+    seen: list
+
+
+@pytest.fixture
+async def served(request: pytest.FixtureRequest) -> AsyncIterator[Served]:
+    model = ToyModel(end_after=getattr(request, "param", None))
+    app = fake_sglang_app(model)
+    server = TestServer(app)
+    await server.start_server()
+    upstream = Upstream(str(server.make_url("")), Timeouts(1.0, 5.0, 5.0))
+    yield Served(SGLangTarget(upstream), model, app[SEEN])
+    await upstream.close()
+    await server.close()
+
+
+class SwitchAfter:
+    """A policy that drafts k for `rounds` rounds, then switches to plain decoding."""
+
+    def __init__(self, k: int, rounds: int) -> None:
+        self.k, self.rounds, self.seen = k, rounds, 0
+
+    def next_k(self) -> Decision:
+        return Decision(self.k if self.seen < self.rounds else 0, "scripted switch")
+
+    def observe(self, event: Event) -> None:
+        self.seen += isinstance(event, RoundEvent)
+
+
+async def run(served: Served, drafter: Drafter, max_tokens: int, *, k: int = 4, policy=None,
+              params: SamplingParams = GREEDY, seed: int | None = 1) -> tuple[list[list[int]], list[Event]]:
+    events: list[Event] = []
+    policy = policy or PinnedPolicy(k)
+    session = Session("req", "route", PROMPT, max_tokens, params, served.target.order, 5, policy,
+                      RequestRandom.from_seed(seed), Publisher([policy.observe, events.append]))
+    batches = [batch async for batch in speculative_tokens(session, drafter, served.target)]
+    return batches, events
+
+
+def follow(model: ToyModel, wrong_at: int | None = None) -> ScriptedDrafter:
+    """A drafter that proposes the target's greedy continuation, wrong from position `wrong_at` of each round."""
+
+    def script(context: Sequence[int], k: int) -> list[int]:
+        tokens = model.greedy(context, k)
+        if wrong_at is not None and wrong_at < len(tokens):
+            tokens[wrong_at] = (tokens[wrong_at] + 1) % model.vocab or 1  # any other token, never the end token
+        return tokens
+
+    return ScriptedDrafter(script)
+
+
+def rounds(events: list[Event]) -> list[RoundEvent]:
+    return [e for e in events if isinstance(e, RoundEvent)]
+
+
+async def test_all_accepted_rounds_emit_k_plus_one(served: Served) -> None:
+    batches, events = await run(served, follow(served.model), 15, k=4)
+    assert [len(b) for b in batches] == [5, 5, 5]
+    assert sum(batches, []) == served.model.greedy(PROMPT, 15)
+    assert [(len(e.drafted), e.accepted, e.index) for e in rounds(events)] == [(4, 4, 0), (4, 4, 1), (4, 4, 2)]
+
+
+@pytest.mark.parametrize("wrong_at", [0, 2])
+async def test_a_rejected_draft_is_replaced_by_the_targets_token(served: Served, wrong_at: int) -> None:
+    batches, events = await run(served, follow(served.model, wrong_at), 12, k=4)
+    assert sum(batches, []) == served.model.greedy(PROMPT, 12)
+    assert all(e.accepted == wrong_at for e in rounds(events)[:-1])
+    assert all(len(b) == wrong_at + 1 for b in batches[:-1])
+
+
+@pytest.mark.parametrize("served", [len(PROMPT) + 6], indirect=True)
+async def test_generation_stops_at_the_end_token(served: Served) -> None:
+    batches, events = await run(served, follow(served.model), 40, k=4)
+    output = sum(batches, [])
+    assert output[-1] == END and END not in output[:-1] and len(output) == 7
+    assert len(rounds(events)) == 2  # 5 tokens, then the end within the second round
+
+
+@pytest.mark.parametrize(("max_tokens", "k", "lengths", "drafted"), [
+    (5, 4, [5], [4]),  # all four and the bonus fit exactly
+    (3, 4, [3], [2]),  # the last round drafts max_tokens - 1
+    (7, 4, [5, 2], [4, 1]),
+    (1, 4, [1], [1]),  # one token still goes through the sampler
+])
+async def test_max_tokens_inside_a_round(served: Served, max_tokens: int, k: int, lengths: list[int],
+                                         drafted: list[int]) -> None:
+    batches, events = await run(served, follow(served.model), max_tokens, k=k)
+    assert [len(b) for b in batches] == lengths
+    assert [len(e.drafted) for e in rounds(events)] == drafted
+    assert sum(batches, []) == served.model.greedy(PROMPT, max_tokens)
+
+
+async def test_emitted_tokens_are_cut_at_max_tokens_even_after_a_full_round(served: Served) -> None:
+    drafter = ScriptedDrafter(lambda context, k: served.model.greedy(context, 8))  # ignores k: proposes up to k
+    batches, _ = await run(served, drafter, 6, k=8)
+    assert sum(batches, []) == served.model.greedy(PROMPT, 6)
+
+
+async def test_switch_to_plain_decoding_continues_the_same_text(served: Served) -> None:
+    policy = SwitchAfter(k=3, rounds=2)
+    batches, events = await run(served, follow(served.model, wrong_at=1), 30, policy=policy)
+    assert sum(batches, []) == served.model.greedy(PROMPT, 30)
+    kinds = [type(e).__name__ for e in events]
+    assert kinds[:3] == ["RoundEvent", "RoundEvent", "SwitchEvent"] and set(kinds[3:]) == {"PlainEvent"}
+    assert [e.reason for e in events if isinstance(e, SwitchEvent)] == ["scripted switch"]
+    plain = [e for e in events if isinstance(e, PlainEvent)]
+    assert sum(len(e.tokens) for e in plain) == 30 - 4  # two rounds emitted 2 tokens each
+    plain_calls = [b for b in served.seen if "input_ids" in b and not b.get("return_logprob")]
+    assert [b["sampling_params"]["max_new_tokens"] for b in plain_calls] == [PLAIN_CHUNK, PLAIN_CHUNK, PLAIN_CHUNK, 2]
+
+
+async def test_an_empty_draft_still_emits_the_targets_token(served: Served) -> None:
+    batches, events = await run(served, ScriptedDrafter(lambda context, k: []), 3)
+    assert batches == [[t] for t in served.model.greedy(PROMPT, 3)]
+    assert [(e.drafted, e.accepted) for e in rounds(events)] == [((), 0)] * 3
+
+
+async def test_each_round_asks_the_target_about_the_context_and_the_draft(served: Served) -> None:
+    await run(served, follow(served.model, wrong_at=2), 6, k=4)
+    scored = [b for b in served.seen if b.get("return_logprob")]
+    first, second = scored[0], scored[1]
+    assert first["input_ids"][: len(PROMPT)] == PROMPT and len(first["input_ids"]) == len(PROMPT) + 4
+    assert first["logprob_start_len"] == len(PROMPT) - 1 and first["top_logprobs_num"] == 5
+    assert second["input_ids"][: len(PROMPT) + 3] == PROMPT + served.model.greedy(PROMPT, 3)
+
+
+async def test_a_seeded_request_at_temperature_one_reproduces(served: Served) -> None:
+    params = SamplingParams(temperature=1.0, top_k=5)
+    drafter = follow(served.model, wrong_at=1)
+    first, _ = await run(served, drafter, 20, params=params, seed=42)
+    again, _ = await run(served, drafter, 20, params=params, seed=42)
+    other, _ = await run(served, drafter, 20, params=params, seed=43)
+    assert sum(first, []) == sum(again, []) != sum(other, [])
