@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from proxy.bench import report, runner, simulate
+from proxy.bench import concurrent, report, runner, simulate
 from proxy.bench.client import BenchError, get_json
 from proxy.bench.stats import Costs, identity_check, summarise
 from proxy.bench.workloads import WorkloadError, builtin_names, load
@@ -41,6 +41,8 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--modes", default=DEFAULT_MODES,
                        help=f"proxy modes: auto, on, off, k=N (default {DEFAULT_MODES})")
     bench.add_argument("--warmup", type=int, default=1, help="uncounted warm-up requests per path (default 1)")
+    bench.add_argument("--concurrency", type=int, default=1, metavar="N",
+                       help="send N streams at once per path and report aggregate tokens/s (default 1: one at a time)")
     bench.add_argument("--timeout", type=float, default=600.0, help="seconds of silence before a request fails (default 600)")
     bench.add_argument("--json", type=Path, metavar="FILE", help="write the full results as JSON")
     bench.add_argument("--markdown", type=Path, metavar="FILE", help="write the table as Markdown")
@@ -96,15 +98,20 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 async def _measure(args: argparse.Namespace, workloads: list, modes: list[runner.Mode]) -> tuple[list, Any, str]:
+    """Run the requests one at a time (samples) or in bursts (--concurrency: bursts); the proxy's status after."""
     direct, proxy = _base(args.direct), _base(args.proxy)
     async with aiohttp.ClientSession() as session:
         model = await runner.probe(session, direct, proxy, args.model)
     endpoints = runner.Endpoints(direct, proxy, model, args.max_tokens, args.timeout)
-    jobs = runner.schedule(workloads, args.prompts, args.repeat, modes)
-    samples = await runner.run(jobs, modes, endpoints, warmup=args.warmup)
+    if args.concurrency > 1:
+        bursts = concurrent.schedule(workloads, args.prompts, args.repeat, modes, args.concurrency)
+        results: list = await concurrent.run(bursts, modes, endpoints, warmup=args.warmup)
+    else:
+        jobs = runner.schedule(workloads, args.prompts, args.repeat, modes)
+        results = await runner.run(jobs, modes, endpoints, warmup=args.warmup)
     async with aiohttp.ClientSession() as session:
         status = await get_json(session, proxy + "/speculoos/status", "the proxy (--proxy)")
-    return samples, status, model
+    return results, status, model
 
 
 def _route_status(status: Any, name: str | None) -> dict[str, Any] | None:
@@ -122,27 +129,36 @@ def _route_status(status: Any, name: str | None) -> dict[str, Any] | None:
 def _bench(args: argparse.Namespace) -> int:
     if not args.direct or not args.proxy:
         raise BenchError("give --direct URL and --proxy URL (or --simulate TRACE)")
-    if args.prompts < 1 or args.repeat < 1 or (args.max_tokens is not None and args.max_tokens < 1):
-        raise BenchError("--prompts, --repeat and --max-tokens must be positive")
+    if args.prompts < 1 or args.repeat < 1 or args.concurrency < 1 or (args.max_tokens is not None
+                                                                       and args.max_tokens < 1):
+        raise BenchError("--prompts, --repeat, --concurrency and --max-tokens must be positive")
     try:
         modes = runner.parse_modes(args.modes)
     except ValueError as exc:
         raise BenchError(f"--modes: {exc}") from exc
     names = (args.workloads or ",".join(builtin_names())).split(",")
     workloads = [load(name.strip()) for name in names if name.strip()]
-    samples, status, model = asyncio.run(_measure(args, workloads, modes))
+    results, status, model = asyncio.run(_measure(args, workloads, modes))
     route = _route_status(status, args.route)
-    rows = summarise(samples, [m.name for m in modes], Costs.from_status(route) if route else None)
-    identity = identity_check(samples)
     config = {"direct": _base(args.direct), "proxy": _base(args.proxy), "model": model,
               "route": route.get("route") if route else None, "workloads": [w.name for w in workloads],
               "prompts": args.prompts, "repeat": args.repeat, "max_tokens": args.max_tokens,
-              "modes": [m.name for m in modes], "warmup": args.warmup}
+              "modes": [m.name for m in modes], "warmup": args.warmup, "concurrency": args.concurrency}
     title = (f"speculoos bench — {model}: direct {config['direct']} vs proxy {config['proxy']}, "
              f"{args.prompts} prompts × {args.repeat} repetitions per workload")
-    _write_outputs(args, report.bench_markdown(rows, identity, title),
-                   report.bench_json(rows, identity, samples, config, route),
-                   report.bench_series(rows), title)
+    if args.concurrency > 1:
+        samples = [s for burst in results for s in burst.samples]
+        rows = concurrent.summarise(results, [m.name for m in modes])
+        identity = identity_check(samples)
+        markdown = concurrent.markdown(rows, args.concurrency, title) + "\n" + report.identity_line(identity) + "\n"
+        _write_outputs(args, markdown, report.load_json(rows, identity, results, config, route), {}, title)
+    else:
+        samples = results
+        rows = summarise(samples, [m.name for m in modes], Costs.from_status(route) if route else None)
+        identity = identity_check(samples)
+        _write_outputs(args, report.bench_markdown(rows, identity, title),
+                       report.bench_json(rows, identity, samples, config, route),
+                       report.bench_series(rows), title)
     if args.record_trace:
         trace = report.trace_json(samples, config, route)
         args.record_trace.write_text(json.dumps(trace, indent=1) + "\n")

@@ -86,6 +86,15 @@ def bench_json(rows: Sequence[Row], identity: Identity, samples: Sequence[Sample
     }
 
 
+def load_json(rows: Sequence[Any], identity: Identity, bursts: Sequence[Any], config: Mapping[str, Any],
+              status: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A concurrent-load run as one JSON document: rows, identity, and every burst with its requests."""
+    document = bench_json(rows, identity, [], config, status)
+    document["bursts"] = [{"workload": b.workload, "target": b.target, "wall_s": b.wall_s,
+                           "requests": [_plain(s) for s in b.samples]} for b in bursts]
+    return document
+
+
 def trace_json(samples: Sequence[Sample], config: Mapping[str, Any], status: Mapping[str, Any] | None) -> dict:
     """Per speculative request, its rounds as [drafted, accepted] (None where the proxy did not report them)."""
     requests = []

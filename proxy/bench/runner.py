@@ -9,7 +9,7 @@ mode alike. Requests run one at a time.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,7 @@ from proxy.bench.client import BenchError, Reply, get_json, stream
 from proxy.bench.stats import DIRECT, Sample
 from proxy.bench.workloads import Prompt, Workload
 
-MAX_PINNED_K = 32  # the proxy's limit (proxy.api.MAX_PINNED_K)
+MAX_PINNED_K = 32  # the proxy's limit (proxy.wire.control.MAX_PINNED_K)
 WARMUP_TOKENS = 4
 
 
@@ -83,7 +83,7 @@ class Endpoints:
     timeout_s: float
 
 
-def _request(endpoints: Endpoints, prompt: Prompt, mode: Mode | None, max_tokens: int | None) -> tuple[str, dict]:
+def request_for(endpoints: Endpoints, prompt: Prompt, mode: Mode | None, max_tokens: int | None) -> tuple[str, dict]:
     body = prompt.body(endpoints.model, max_tokens)
     if mode is None:
         return endpoints.direct + prompt.path, body
@@ -92,7 +92,7 @@ def _request(endpoints: Endpoints, prompt: Prompt, mode: Mode | None, max_tokens
     return endpoints.proxy + prompt.path, body
 
 
-def _sample(job: Job, reply: Reply) -> Sample:
+def sample_of(job: Job, reply: Reply) -> Sample:
     return Sample(job.workload.name, job.prompt, job.repetition, job.target, job.position,
                   job.workload.prompts[job.prompt].greedy, reply.status, reply.error, reply.text,
                   reply.completion_tokens, reply.served_as, reply.extension, reply.seconds, reply.ttft_s,
@@ -111,6 +111,14 @@ async def probe(session: aiohttp.ClientSession, direct: str, proxy: str, model: 
         raise BenchError(f"the upstream at {direct}/v1/models lists no model: give --model") from exc
 
 
+async def warm_up(session: aiohttp.ClientSession, workload: Workload, modes: Iterable[Mode | None],
+                  endpoints: Endpoints, times: int) -> None:
+    """Uncounted short requests on every path, so first-request costs (loading, caches) stay out of the figures."""
+    for _ in range(times):
+        for mode in modes:
+            await stream(session, *request_for(endpoints, workload.prompts[0], mode, WARMUP_TOKENS), endpoints.timeout_s)
+
+
 async def run(jobs: Sequence[Job], modes: Sequence[Mode], endpoints: Endpoints, *, warmup: int = 1,
               progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> list[Sample]:
     """Warm every path up (uncounted), then run the jobs one at a time."""
@@ -118,14 +126,11 @@ async def run(jobs: Sequence[Job], modes: Sequence[Mode], endpoints: Endpoints, 
     samples = []
     async with aiohttp.ClientSession() as session:
         if jobs and warmup:
-            first = jobs[0].workload.prompts[0]
-            for _ in range(warmup):
-                for mode in by_name.values():
-                    await stream(session, *_request(endpoints, first, mode, WARMUP_TOKENS), endpoints.timeout_s)
+            await warm_up(session, jobs[0].workload, by_name.values(), endpoints, warmup)
         for i, job in enumerate(jobs, 1):
             prompt = job.workload.prompts[job.prompt]
-            url, body = _request(endpoints, prompt, by_name[job.target], endpoints.max_tokens)
-            sample = _sample(job, await stream(session, url, body, endpoints.timeout_s))
+            url, body = request_for(endpoints, prompt, by_name[job.target], endpoints.max_tokens)
+            sample = sample_of(job, await stream(session, url, body, endpoints.timeout_s))
             samples.append(sample)
             rate = f"{sample.tokens_per_second:.1f} tok/s" if sample.tokens_per_second else sample.error or "no tokens"
             progress(f"[{i}/{len(jobs)}] {job.workload.name} #{job.prompt} r{job.repetition} {job.target}: "

@@ -95,6 +95,7 @@ class DraftConfig(_Section):
     ctx: int = Field(default=4096, ge=128)
     gpu_layers: int = Field(default=0, ge=-1)  # -1 offloads every layer
     batch: int = Field(default=512, ge=1)
+    parallel: int = Field(default=4, ge=1, le=64)  # requests that draft at once, each in its own sequence
 
     @field_validator("ngram_max")
     @classmethod

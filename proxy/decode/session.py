@@ -65,7 +65,7 @@ class Session:
 
     def draft_plan(self, k: int) -> DraftPlan:
         """A round's request to the drafter."""
-        return DraftPlan(k, self.params, self.order, self.top_n, self.random.draft)
+        return DraftPlan(k, self.params, self.order, self.top_n, self.random.draft, self.request_id)
 
     def target_seed(self) -> int:
         """A seed for the next draw the server makes."""

@@ -36,6 +36,7 @@ class DraftPlan:
     order: SamplerOrder  # the target's sampler order; the draft samples the same way
     support_size: int  # candidates kept per position (the target is asked about each)
     rng: np.random.Generator  # the request's drafting stream
+    request_id: str = ""  # whose sequence to draft in (drafters that keep per-request state)
 
 
 class Vocabulary(Protocol):
@@ -65,6 +66,18 @@ class Drafter(Protocol):
     """What the round loop needs from a draft."""
 
     vocabulary: Vocabulary
+
+    def reserve(self, request_id: str, context: Sequence[int]) -> bool:
+        """Hold what a request needs for its lifetime (a sequence); False when nothing is free."""
+        ...
+
+    def release(self, request_id: str) -> None:
+        """Free what reserve() held."""
+        ...
+
+    def occupancy(self) -> tuple[int, int] | None:
+        """(sequences in use, sequences) for drafters that hold one per request; None otherwise."""
+        ...
 
     async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
         """Up to plan.k tokens after context (fewer, even none, when the drafter has nothing better)."""

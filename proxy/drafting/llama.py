@@ -1,59 +1,89 @@
 """The llama.cpp draft model: propose K tokens after a context, with their draft distributions.
 
-Its KV cache persists across rounds. Rejected drafts are rolled back, not re-evaluated: the next
-`propose` shares the accepted prefix with what was evaluated, and the engine drops only the
-suffix that differs (see `LlamaEngine.evaluate`). Concurrent requests are serialized on one
-llama.cpp sequence; switching requests is the same prefix logic.
+Each request in flight drafts in a sequence of its own, leased for its lifetime (`reserve` and
+`release`), so its KV cache persists across rounds: rejected drafts are rolled back, not
+re-evaluated, because the next `propose` shares the accepted prefix with what the sequence holds.
+Concurrent requests' draft steps share one llama.cpp decode per step (continuous batching);
+drafting stays exact because each token is sampled from the distribution computed for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 import numpy as np
 
 from proxy.drafting.base import Draft, DraftPlan
+from proxy.engine.batcher import StepBatcher
 from proxy.engine.llama import EngineOptions, LlamaEngine
 from proxy.engine.runner import EngineRunner
+from proxy.engine.sequences import SequenceLeases
 from proxy.sampling.processors import processed_probs, truncate_to_top
 from proxy.sampling.rejection import sample
 
 
 class LlamaDrafter:
-    """A GGUF draft model behind one async method; its engine thread and lock are private."""
+    """A GGUF draft model behind async calls; its engine thread, sequences and batching are private."""
 
     def __init__(self, engine: LlamaEngine) -> None:
-        self._runner = EngineRunner(engine)
         self._engine = engine
-        self.vocabulary = engine
+        self._runner = EngineRunner(engine)
+        self._batcher = StepBatcher(self._runner)
+        self._leases = SequenceLeases(engine.n_seq, engine.held)
+        self._sequences: dict[str, int] = {}  # request id -> its sequence
+        self._copies: dict[str, asyncio.Future[None]] = {}  # request id -> its sequence's start, being copied
+        self.vocabulary = engine.vocabulary
 
     @classmethod
     def load(cls, options: EngineOptions) -> LlamaDrafter:
         """Load a GGUF as a draft model (blocking: call at start-up)."""
         return cls(LlamaEngine(options))
 
+    def reserve(self, request_id: str, context: Sequence[int]) -> bool:
+        """Lease a sequence for a request (the one sharing most of its context); False when all are in use."""
+        lease = self._leases.acquire(context)
+        if lease is None:
+            return False
+        self._sequences[request_id] = lease.seq
+        if lease.copy_from is not None:  # queued now, so it runs before anything later touches the source
+            self._copies[request_id] = self._runner.submit(self._engine.fork, lease.copy_from, lease.seq,
+                                                           lease.shared)
+        return True
+
+    def release(self, request_id: str) -> None:
+        """End a request's lease; its sequence keeps its cache for the next request that shares it."""
+        seq = self._sequences.pop(request_id, None)
+        self._copies.pop(request_id, None)
+        if seq is not None:
+            self._leases.release(seq)
+
+    def occupancy(self) -> tuple[int, int]:
+        """(sequences in use, sequences)."""
+        return self._engine.n_seq - self._leases.free, self._engine.n_seq
+
     async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
         """Draft up to plan.k tokens after context (fewer if the draft ends generation)."""
-        async with self._runner.lock:
-            return await self._runner.run(self._propose, list(context), plan)
-
-    def _propose(self, context: list[int], plan: DraftPlan) -> Draft:
+        seq = self._sequences[plan.request_id]
+        if (copy := self._copies.pop(plan.request_id, None)) is not None:
+            await copy
+        context = list(context)
         tokens: list[int] = []
         rows: list[np.ndarray] = []
         for _ in range(plan.k):
-            logits = self._engine.evaluate(context, len(context) - 1).logits[0]
+            logits = (await self._batcher.evaluate(seq, context, len(context) - 1)).logits[0]
             probs = truncate_to_top(processed_probs(logits, plan.params, plan.order), plan.support_size)
             token = sample(probs, plan.rng)
             tokens.append(token)
             rows.append(probs)
             context.append(token)
-            if self._engine.is_end_of_generation(token):
+            if self.vocabulary.is_end_of_generation(token):
                 break
         probs = np.stack(rows) if rows else np.zeros((0, self._engine.n_vocab))
         return Draft(tuple(tokens), probs)
 
     def fits(self, n_tokens: int) -> bool:
-        """Whether a context of n_tokens (plus a round of drafts) fits the draft's context."""
+        """Whether a context of n_tokens (plus a round of drafts) fits a sequence."""
         return n_tokens < self._engine.n_ctx
 
     def close(self) -> None:

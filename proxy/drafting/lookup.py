@@ -38,6 +38,17 @@ class LookupDrafter:
         self.vocabulary = tokenizer.vocabulary
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
+    def reserve(self, request_id: str, context: Sequence[int]) -> bool:
+        """Lookup keeps no per-request state."""
+        return True
+
+    def release(self, request_id: str) -> None:
+        """Nothing was held."""
+
+    def occupancy(self) -> tuple[int, int] | None:
+        """No sequences."""
+        return None
+
     async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
         """Draft by lookup (possibly nothing), with one-hot distributions."""
         tokens = tuple(lookup(context, plan.k, max_ngram=self.max_ngram, min_ngram=self.min_ngram))
@@ -54,6 +65,18 @@ class LookupDrafter:
 
 class HybridDrafter(LookupDrafter):
     """Prompt lookup when the context has a match, the draft model otherwise."""
+
+    def reserve(self, request_id: str, context: Sequence[int]) -> bool:
+        """The model's sequence."""
+        return self._tokenizer.reserve(request_id, context)
+
+    def release(self, request_id: str) -> None:
+        """The model's sequence."""
+        self._tokenizer.release(request_id)
+
+    def occupancy(self) -> tuple[int, int] | None:
+        """The model's sequences."""
+        return self._tokenizer.occupancy()
 
     async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
         """Lookup first; fall back to the model when lookup finds nothing."""

@@ -1,13 +1,13 @@
-"""One llama.cpp model and context with a reusable KV prefix: the blocking core of the verifier and the draft.
+"""One llama.cpp model and context with several KV-cached sequences: the blocking core of the verifier and the draft.
 
-Everything here blocks; callers run it in a worker thread and serialize access (one context, one
-sequence). State switching between requests is the prefix reuse itself: a request that shares no
-prefix with what was evaluated before simply re-evaluates its context.
+Everything here blocks; callers run it on one worker thread (`EngineRunner`). Each sequence has its
+own cache stream (`kv_unified` off), so a request's attention never runs over another request's
+cells, and the engine remembers which tokens each sequence holds: a call reuses the longest
+prefix its sequence already holds and drops only the suffix that differs.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,13 +16,14 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 from llama_cpp import Llama
-from llama_cpp._internals import LlamaBatch
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+from llama_cpp._internals import LlamaBatch, LlamaContext
 
+from proxy.engine.prefix import common_prefix_length
+from proxy.engine.vocabulary import LlamaVocabulary
 from proxy.errors import BadRequestError, ContextOverflowError
 
 DEFAULT_BATCH = 512
-SEQUENCE = 0  # the single llama.cpp sequence this context uses
+LOADER_CTX = 64  # the context llama-cpp-python's loader builds: unused, so kept tiny
 
 
 @dataclass(frozen=True)
@@ -30,10 +31,11 @@ class EngineOptions:
     """How to load a GGUF model."""
 
     model_path: Path
-    n_ctx: int = 4096
+    n_ctx: int = 4096  # per sequence
     n_threads: int | None = None
     n_batch: int = DEFAULT_BATCH
     n_gpu_layers: int = 0
+    n_seq: int = 1  # sequences (concurrent requests) with a cache of their own
 
 
 @dataclass(frozen=True)
@@ -44,169 +46,164 @@ class Evaluation:
     cached_tokens: int
 
 
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+@dataclass(frozen=True)
+class Step:
+    """One sequence's part of a shared decode: its whole context, and the first row whose logits it wants."""
+
+    seq: int
+    tokens: Sequence[int]
+    first_logit_row: int
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One token placed in a batch."""
+
+    step: int  # index of the Step it belongs to
+    seq: int
+    position: int
+    token: int
+    wanted: bool
 
 
 class LlamaEngine:
-    """A llama.cpp model with one KV-cached sequence; evaluates token ids and returns chosen logit rows."""
+    """A llama.cpp model with n_seq KV-cached sequences; evaluates token ids and returns chosen logit rows."""
 
     def __init__(self, options: EngineOptions) -> None:
         threads = options.n_threads or max(1, os.cpu_count() or 1)
         self.options = options
-        self._llama = Llama(
-            model_path=str(options.model_path),
-            n_ctx=options.n_ctx,
-            n_batch=options.n_batch,
-            n_ubatch=options.n_batch,
-            n_threads=threads,
-            n_threads_batch=threads,
-            n_gpu_layers=options.n_gpu_layers,
-            logits_all=False,
-            verbose=False,
-        )
-        self._model = self._llama._model
-        self._ctx = self._llama._ctx
+        self._llama = Llama(model_path=str(options.model_path), n_ctx=LOADER_CTX, n_batch=LOADER_CTX,
+                            n_threads=threads, n_gpu_layers=options.n_gpu_layers, verbose=False)
+        # llama-cpp-python's own context has one sequence; ours is built from the context parameters.
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = options.n_ctx * options.n_seq  # split evenly between the sequences' streams
+        params.n_batch = params.n_ubatch = options.n_batch
+        params.n_seq_max = options.n_seq
+        params.kv_unified = False
+        # As llama-cpp-python's loader does: the same attention kernels as plain llama.cpp, same logits.
+        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params.n_threads = params.n_threads_batch = threads
+        self._ctx = LlamaContext(model=self._llama._model, params=params, verbose=False)
+        self._memory = llama_cpp.llama_get_memory(self._ctx.ctx)
         self._batch = LlamaBatch(n_tokens=options.n_batch, embd=0, n_seq_max=1, verbose=False)
-        self._evaluated: list[int] = []
-        self.n_vocab: int = self._model.n_vocab()
-        self.n_ctx: int = self._ctx.n_ctx()
-        self.metadata: dict[str, str] = dict(self._llama.metadata)
-        self._chat_formatters = {
-            flag: self._make_chat_formatter(add_generation_prompt=flag) for flag in (True, False)
-        }
+        self._held: list[list[int]] = [[] for _ in range(options.n_seq)]
+        self.vocabulary = LlamaVocabulary(self._llama._model, dict(self._llama.metadata))
+        self.n_vocab: int = self.vocabulary.n_vocab
+        self.n_ctx: int = options.n_ctx
+        self.n_seq: int = options.n_seq
+
+    def held(self, seq: int) -> list[int]:
+        """The tokens sequence `seq` holds in its cache."""
+        return self._held[seq]
 
     # -- evaluation ---------------------------------------------------------------------------
 
-    def evaluate(self, tokens: Sequence[int], first_logit_row: int) -> Evaluation:
-        """Evaluate `tokens`, reusing the cached prefix, and return logits for rows >= first_logit_row."""
+    def check(self, tokens: Sequence[int], first_logit_row: int) -> None:
+        """Raise the client's error for a context this engine cannot evaluate."""
         if not tokens:
             raise BadRequestError("no input tokens")
         if len(tokens) > self.n_ctx:
-            raise ContextOverflowError(
-                f"{len(tokens)} tokens exceed the context size of {self.n_ctx}"
-            )
+            raise ContextOverflowError(f"{len(tokens)} tokens exceed the context size of {self.n_ctx}")
         if not 0 <= first_logit_row < len(tokens):
             raise BadRequestError(f"logit row {first_logit_row} is outside 0..{len(tokens) - 1}")
         bad = [t for t in tokens if not 0 <= t < self.n_vocab]
         if bad:
             raise BadRequestError(f"token id {bad[0]} is outside the vocabulary 0..{self.n_vocab - 1}")
-        # Rows whose logits we return must be computed now, so reuse stops at the first of them.
-        reused = min(common_prefix_length(self._evaluated, tokens), first_logit_row)
-        self._truncate(reused)
-        logits = np.empty((len(tokens) - first_logit_row, self.n_vocab), dtype=np.float32)
-        for start, end in self._chunks(reused, len(tokens), first_logit_row):
-            chunk = tokens[start:end]
-            wanted = self._fill_batch(chunk, start, first_logit_row)
-            try:
-                self._ctx.decode(self._batch)
-            except RuntimeError:
-                self._truncate(start)
-                raise
-            self._evaluated.extend(chunk)
-            for index in wanted:
-                row = np.ctypeslib.as_array(self._ctx.get_logits_ith(index), shape=(self.n_vocab,))
-                logits[start + index - first_logit_row] = row
-        return Evaluation(logits=logits, cached_tokens=reused)
 
-    def _chunks(self, start: int, end: int, first_logit_row: int) -> list[tuple[int, int]]:
-        """Batch boundaries for evaluating tokens[start:end]: the prefix, then the returned rows on their own.
+    def evaluate(self, seq: int, tokens: Sequence[int], first_logit_row: int) -> Evaluation:
+        """Evaluate `tokens` in sequence `seq`, reusing its cached prefix; logits for rows >= first_logit_row.
 
         llama.cpp's logits for a row depend on how the sequence was split into batches (a row
         evaluated together with its whole context differs from one evaluated after a cached
-        prefix, by up to ~0.5 logits on Qwen2.5 Q4_K_M). Evaluating the returned rows as one batch
-        after the prefix, whatever was cached before, makes a request's logits independent of
-        cache history: cold and warm requests agree, and seeded requests reproduce.
+        prefix, by up to ~0.5 logits on Qwen2.5 Q4_K_M), and on what else shares the batch. So the
+        prefix is evaluated first and the returned rows then as one batch of their own, whatever
+        was cached before or runs beside: a request's logits do not depend on cache history or
+        load, and seeded requests reproduce.
         """
-        bounds = []
-        for lo, hi in ((start, first_logit_row), (max(start, first_logit_row), end)):
-            bounds += [(s, min(s + self.options.n_batch, hi)) for s in range(lo, hi, self.options.n_batch)]
-        return bounds
+        self.check(tokens, first_logit_row)
+        reused = self._reuse(seq, tokens, first_logit_row)
+        rows = [_Row(0, seq, p, tokens[p], p >= first_logit_row) for p in range(reused, len(tokens))]
+        prefix = [r for r in rows if not r.wanted]
+        returned = [r for r in rows if r.wanted]
+        logits = self._decode(prefix) + self._decode(returned)
+        return Evaluation(np.stack([row for _, row in logits]), reused)
 
-    def _fill_batch(self, chunk: Sequence[int], start: int, first_logit_row: int) -> list[int]:
-        """Load one chunk into the batch; return the batch indices whose logits are requested."""
+    def evaluate_steps(self, steps: Sequence[Step]) -> list[Evaluation]:
+        """Evaluate several sequences' new tokens in shared decodes (one per `n_batch` tokens).
+
+        Faster than one call each when many sequences advance a token at a time (drafting), at
+        the price of logits that depend on what shares the batch.
+        """
+        for step in steps:
+            self.check(step.tokens, step.first_logit_row)
+        if len({step.seq for step in steps}) != len(steps):
+            raise ValueError("each sequence may appear once in a shared decode")
+        reused = [self._reuse(s.seq, s.tokens, s.first_logit_row) for s in steps]
+        rows = [_Row(i, s.seq, p, s.tokens[p], p >= s.first_logit_row)
+                for i, (s, start) in enumerate(zip(steps, reused)) for p in range(start, len(s.tokens))]
+        by_step: list[list[np.ndarray]] = [[] for _ in steps]
+        for step_index, row in self._decode(rows):
+            by_step[step_index].append(row)
+        return [Evaluation(np.stack(logits), cached) for logits, cached in zip(by_step, reused)]
+
+    def fork(self, source: int, target: int, length: int) -> None:
+        """Make sequence `target` hold the first `length` tokens of `source` (a cache copy, no decoding)."""
+        if source == target:
+            raise ValueError("a sequence cannot be forked into itself")
+        # Between separate cache streams llama.cpp copies whole sequences only: copy, then cut.
+        llama_cpp.llama_memory_seq_rm(self._memory, target, -1, -1)
+        llama_cpp.llama_memory_seq_cp(self._memory, source, target, -1, -1)
+        self._held[target] = list(self._held[source])
+        self._truncate(target, length)
+
+    def _reuse(self, seq: int, tokens: Sequence[int], first_logit_row: int) -> int:
+        """Drop what `seq` holds beyond the prefix shared with `tokens`; return the length kept."""
+        # Rows whose logits we return must be computed now, so reuse stops at the first of them.
+        reused = min(common_prefix_length(self._held[seq], tokens), first_logit_row)
+        self._truncate(seq, reused)
+        return reused
+
+    def _decode(self, rows: list[_Row]) -> list[tuple[int, np.ndarray]]:
+        """Decode rows in chunks of n_batch; return (step index, logits) for each wanted row, in order."""
+        out = []
+        for start in range(0, len(rows), self.options.n_batch):
+            chunk = rows[start : start + self.options.n_batch]
+            self._fill_batch(chunk)
+            try:
+                self._ctx.decode(self._batch)
+            except RuntimeError:
+                for row in chunk:  # what this chunk may have written is forgotten
+                    self._truncate(row.seq, min(row.position, len(self._held[row.seq])))
+                raise
+            for index, row in enumerate(chunk):
+                self._held[row.seq].append(row.token)
+                if row.wanted:
+                    logits = np.ctypeslib.as_array(self._ctx.get_logits_ith(index), shape=(self.n_vocab,))
+                    out.append((row.step, logits.copy()))
+        return out
+
+    def _fill_batch(self, chunk: Sequence[_Row]) -> None:
         batch = self._batch.batch
         batch.n_tokens = len(chunk)
-        wanted = []
-        for i, token in enumerate(chunk):
-            batch.token[i] = token
-            batch.pos[i] = start + i
+        for i, row in enumerate(chunk):
+            batch.token[i] = row.token
+            batch.pos[i] = row.position
             batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = SEQUENCE
-            want = start + i >= first_logit_row
-            batch.logits[i] = want
-            if want:
-                wanted.append(i)
-        return wanted
+            batch.seq_id[i][0] = row.seq
+            batch.logits[i] = row.wanted
 
-    def _truncate(self, length: int) -> None:
-        """Forget evaluated tokens from `length` on, in the KV cache and in our record."""
-        if length >= len(self._evaluated):
+    def _truncate(self, seq: int, length: int) -> None:
+        """Forget what `seq` holds from `length` on, in the KV cache and in our record."""
+        if length >= len(self._held[seq]):
             return
-        if not self._ctx.kv_cache_seq_rm(SEQUENCE, length, -1):
-            # Some architectures (recurrent ones) cannot drop a suffix: start over.
-            self._ctx.kv_cache_clear()
+        if not llama_cpp.llama_memory_seq_rm(self._memory, seq, length, -1):
+            # Some architectures (recurrent ones) cannot drop a suffix: start the sequence over.
+            llama_cpp.llama_memory_seq_rm(self._memory, seq, -1, -1)
             length = 0
-        del self._evaluated[length:]
-
-    # -- vocabulary -----------------------------------------------------------------------------
-
-    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
-        """Token ids for text; special-token text (like <|im_start|>) is parsed as such."""
-        add_bos = add_special and self._model.add_bos_token()
-        return self._model.tokenize(text.encode("utf-8"), add_bos, True)
-
-    def token_bytes(self, token: int) -> bytes:
-        """The bytes a token renders to in output text (special tokens render as nothing)."""
-        size = 64
-        buffer = ctypes.create_string_buffer(size)
-        n = llama_cpp.llama_token_to_piece(self._model.vocab, token, buffer, size, 0, False)
-        if n < 0:  # a piece longer than the buffer: ask again with the size llama.cpp needs
-            buffer = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._model.vocab, token, buffer, -n, 0, False)
-        return buffer.raw[:n]
-
-    def is_end_of_generation(self, token: int) -> bool:
-        """True for EOS and the template's end-of-turn tokens."""
-        return bool(llama_cpp.llama_vocab_is_eog(self._model.vocab, token))
-
-    @property
-    def special_ids(self) -> dict[str, int]:
-        """BOS and EOS ids (-1 when the model has none)."""
-        return {"bos": self._model.token_bos(), "eos": self._model.token_eos()}
-
-    # -- chat template --------------------------------------------------------------------------
-
-    def _make_chat_formatter(self, *, add_generation_prompt: bool) -> Jinja2ChatFormatter | None:
-        template = self.metadata.get("tokenizer.chat_template")
-        if not template:
-            return None
-        eos, bos = self._model.token_eos(), self._model.token_bos()
-        return Jinja2ChatFormatter(
-            template=template,
-            eos_token=self._model.token_get_text(eos) if eos >= 0 else "",
-            bos_token=self._model.token_get_text(bos) if bos >= 0 else "",
-            add_generation_prompt=add_generation_prompt,
-        )
-
-    def chat_prompt_ids(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of chat messages rendered with the model's own chat template."""
-        formatter = self._chat_formatters[add_generation_prompt]
-        if formatter is None:
-            raise BadRequestError("this model has no chat template; use /v1/completions")
-        try:
-            rendered = formatter(messages=messages)
-        except Exception as exc:  # jinja raises many types; all mean the messages did not fit the template
-            raise BadRequestError(f"chat template failed: {exc}") from exc
-        # The template writes its own special tokens, so no BOS is added (as llama-cpp-python does).
-        return self._model.tokenize(rendered.prompt.encode("utf-8"), False, True)
+        del self._held[seq][length:]
 
     def close(self) -> None:
         """Free the native model, context and batch."""
         self._batch.close()
+        self._ctx.close()
         self._llama.close()

@@ -1,4 +1,4 @@
-"""One engine behind one worker thread and one lock: how async code calls blocking llama.cpp."""
+"""One engine behind one worker thread: how async code calls blocking llama.cpp, one call at a time."""
 
 from __future__ import annotations
 
@@ -14,16 +14,19 @@ T = TypeVar("T")
 
 
 class EngineRunner:
-    """Serializes access to one engine and runs its blocking calls on one worker thread."""
+    """Runs an engine's blocking calls on one worker thread, so they never overlap."""
 
     def __init__(self, engine: LlamaEngine) -> None:
         self.engine = engine
-        self.lock = asyncio.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama")
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a blocking call on the engine's thread (the caller holds `lock` when state matters)."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args))
+        """Run a blocking call on the engine's thread."""
+        return await self.submit(fn, *args)
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Queue a blocking call now (calls run in the order they are queued); await the future for its result."""
+        return asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args))
 
     def close(self) -> None:
         """Stop the worker thread and free the model."""

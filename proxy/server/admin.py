@@ -46,6 +46,12 @@ def _exact_for_any_sampling(runtime: RouteRuntime) -> bool:
     return target is not None and target.exactness_problem(SamplingParams(), runtime.route.speculation.top_logprobs) is None
 
 
+def _sequences(runtime: RouteRuntime) -> dict[str, int] | None:
+    """How many of the draft's sequences requests hold now."""
+    occupancy = runtime.drafter.occupancy() if runtime.drafter is not None else None
+    return None if occupancy is None else {"in_use": occupancy[0], "total": occupancy[1]}
+
+
 async def status(request: web.Request) -> web.Response:
     """GET /speculoos/status: every route's mode, α, K, costs and why."""
     routes = []
@@ -57,6 +63,7 @@ async def status(request: web.Request) -> web.Response:
             "protocol": runtime.route.upstream.protocol,
             "draft": runtime.route.draft.model if runtime.route.draft else None,
             "exact_sampling": _exact_for_any_sampling(runtime),
+            "draft_sequences": _sequences(runtime),
             "tokenizer": None if tokenizer is None else {"compatible": tokenizer.compatible, "reason": tokenizer.reason},
             **runtime.controller.status(),
         })

@@ -34,7 +34,7 @@ DrafterLoader = Callable[[EngineOptions], Drafter]
 def draft_options(draft: DraftConfig) -> EngineOptions:
     """Engine options for a route's draft (resolving a registry name to its file)."""
     return EngineOptions(models.resolve(draft.model), n_ctx=draft.ctx, n_threads=draft.threads,
-                         n_batch=draft.batch, n_gpu_layers=draft.gpu_layers)
+                         n_batch=draft.batch, n_gpu_layers=draft.gpu_layers, n_seq=draft.parallel)
 
 
 def make_upstream(route: Route) -> Upstream:

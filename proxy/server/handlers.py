@@ -150,24 +150,39 @@ async def _speculate(request: web.Request, runtime: RouteRuntime, parsed: Genera
     if not drafter.fits(len(prompt_ids) + max_tokens + spec.k):
         summary.update(mode=PASSTHROUGH, reason="prompt + max_tokens exceed the draft's context")
         return await _pass(request, runtime, forwarded, started, summary)
-    controller, stats = runtime.controller, RequestStats()
-    policy = PinnedPolicy(control.pinned_k) if control.pinned_k else controller.policy(forced=control.forced)
-    publish = Publisher([policy.observe, stats, controller.observe,
-                         RouteMetrics(request.app[METRICS], runtime.name, controller), SwitchLog(log)])
-    session = Session(request_id, runtime.name, prompt_ids, max_tokens, parsed.sampling_params, target.order,
-                      spec.top_logprobs, policy, RequestRandom.from_seed(parsed.seed), publish, client_headers,
-                      spec.max_tv)
-    vocabulary = drafter.vocabulary
-    stream = TextStream(vocabulary.token_bytes, vocabulary.is_end_of_generation, stop=parsed.stop,
-                        max_tokens=max_tokens)
-    tokens = _timed(speculative_tokens(session, drafter, target), started, request, runtime.name)
-    response, outcome = await write_generation(
-        request, parsed, tokens, stream, len(prompt_ids), headers={MODE_HEADER: SPECULATIVE},
-        extension=lambda: {"mode": SPECULATIVE, **stats.as_dict()})
+    if not drafter.reserve(request_id, prompt_ids):
+        summary.update(mode=PASSTHROUGH, reason="every draft sequence is in use")
+        return await _pass(request, runtime, forwarded, started, summary)
+    try:
+        session, stats = _session(request.app, runtime, parsed, control, request_id, prompt_ids, max_tokens,
+                                  client_headers)
+        stream = TextStream(drafter.vocabulary.token_bytes, drafter.vocabulary.is_end_of_generation,
+                            stop=parsed.stop, max_tokens=max_tokens)
+        tokens = _timed(speculative_tokens(session, drafter, target), started, request, runtime.name)
+        response, outcome = await write_generation(
+            request, parsed, tokens, stream, len(prompt_ids), headers={MODE_HEADER: SPECULATIVE},
+            extension=lambda: {"mode": SPECULATIVE, **stats.as_dict()})
+    finally:
+        drafter.release(request_id)
     request.app[METRICS].tv_bound.labels(runtime.name).set(stats.max_tv_bound)
     summary.update(prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
                    finish_reason=outcome.finish_reason, **stats.as_dict())
     return response
+
+
+def _session(app: web.Application, runtime: RouteRuntime, parsed: GenerationRequest, control: RequestControl,
+             request_id: str, prompt_ids: list[int], max_tokens: int,
+             client_headers: dict[str, str] | None) -> tuple[Session, RequestStats]:
+    """One request's session, its events going to the request's policy and stats, the route and the metrics."""
+    assert runtime.target is not None  # checked by admission
+    controller, stats, spec = runtime.controller, RequestStats(), runtime.route.speculation
+    policy = PinnedPolicy(control.pinned_k) if control.pinned_k else controller.policy(forced=control.forced)
+    publish = Publisher([policy.observe, stats, controller.observe,
+                         RouteMetrics(app[METRICS], runtime.name, controller), SwitchLog(log)])
+    session = Session(request_id, runtime.name, prompt_ids, max_tokens, parsed.sampling_params, runtime.target.order,
+                      spec.top_logprobs, policy, RequestRandom.from_seed(parsed.seed), publish, client_headers,
+                      spec.max_tv)
+    return session, stats
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

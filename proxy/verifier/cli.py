@@ -23,11 +23,17 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
     parser.add_argument("--gpu-layers", type=int, default=0, help="layers to offload (Metal/CUDA builds)")
     parser.add_argument("--name", default=None, help="model name to report (default: the model's name)")
+    parser.add_argument("--parallel", type=int, default=4,
+                        help="requests served at once, each in a KV-cache sequence of its own (default 4)")
+    parser.add_argument("--shared-decode", action="store_true",
+                        help="batch concurrent requests' rows into shared decodes: more throughput, but "
+                             "logits (and near-tie outputs) then depend on the load")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Load the model and serve until interrupted."""
+    from proxy.engine.llama import EngineOptions
     from proxy.verifier.server import load_verifier_app
 
     logs.configure()
@@ -37,8 +43,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"speculoos verifier: {exc}")
         return 1
     name = args.name or (args.model if args.model in models.MODEL_NAMES else Path(path).stem)
-    app = load_verifier_app(Path(path), n_ctx=args.ctx, n_threads=args.threads, model_name=name,
-                            n_gpu_layers=args.gpu_layers)
+    if args.parallel < 1:
+        print("speculoos verifier: --parallel must be at least 1")
+        return 2
+    options = EngineOptions(Path(path), n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers,
+                            n_seq=args.parallel)
+    app = load_verifier_app(options, model_name=name, shared_decode=args.shared_decode)
     print(f"speculoos verifier: {name} on http://{args.host}:{args.port}", flush=True)
     web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
     return 0

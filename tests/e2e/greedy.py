@@ -23,8 +23,11 @@ def generate(url: str, ids: list[int], start: int, *, top_n: int = 20, max_new: 
 
 
 def flush(url: str, first_token: int) -> None:
-    """Leave the verifier's cache holding a sequence that shares no prefix with one starting at first_token."""
-    generate(url, [first_token + 1, 11, 12], 0, top_n=0, max_new=0)
+    """Leave every sequence of the verifier's cache holding tokens that share no prefix with ones starting at
+    first_token (requests sharing nothing take the least recently used sequence, so one each visits all)."""
+    sequences = http.get(url + "/health").json()["sequences"]["total"]
+    for offset in range(1, sequences + 1):
+        generate(url, [first_token + offset, 11, 12], 0, top_n=0, max_new=0)
 
 
 def near_tie_tolerance(url: str, ids: list[int]) -> float:

@@ -43,6 +43,15 @@ class SwitchableDrafter:
         garbage = tuple((t + 7919) % vocab for t in draft.tokens)  # a prime shift: never the same
         return Draft(garbage, one_hot(garbage, vocab))
 
+    def reserve(self, request_id: str, context: Sequence[int]) -> bool:
+        return self.inner.reserve(request_id, context)
+
+    def release(self, request_id: str) -> None:
+        self.inner.release(request_id)
+
+    def occupancy(self) -> tuple[int, int]:
+        return self.inner.occupancy()
+
     def fits(self, n_tokens: int) -> bool:
         return self.inner.fits(n_tokens)
 

@@ -14,7 +14,26 @@ from tests.fakes.toy_model import ToyModel, ToyVocabulary
 Script = Callable[[Sequence[int], int], Sequence[int]]  # (context, k) -> the tokens to propose
 
 
-class ScriptedDrafter:
+class _Stateless:
+    """What a test drafter needs beyond `propose`: no sequences, no context limit, nothing to free."""
+
+    def reserve(self, request_id: str, context: Sequence[int]) -> bool:
+        return True
+
+    def release(self, request_id: str) -> None:
+        pass
+
+    def occupancy(self) -> None:
+        return None
+
+    def fits(self, n_tokens: int) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+class ScriptedDrafter(_Stateless):
     """Proposes what its script says, as one-hot drafts (like prompt lookup); records each call."""
 
     def __init__(self, script: Script) -> None:
@@ -27,14 +46,8 @@ class ScriptedDrafter:
         tokens = tuple(self.script(context, plan.k))[: plan.k]
         return Draft(tokens, one_hot(tokens, self.vocabulary.n_vocab))
 
-    def fits(self, n_tokens: int) -> bool:
-        return True
 
-    def close(self) -> None:
-        pass
-
-
-class ToyDrafter:
+class ToyDrafter(_Stateless):
     """Samples from a toy model (another seed than the target's: a draft that is sometimes wrong)."""
 
     def __init__(self, model: ToyModel) -> None:
@@ -50,9 +63,3 @@ class ToyDrafter:
             rows.append(probs)
             context.append(token)
         return Draft(tuple(tokens), np.stack(rows) if rows else np.zeros((0, self.model.vocab)))
-
-    def fits(self, n_tokens: int) -> bool:
-        return True
-
-    def close(self) -> None:
-        pass

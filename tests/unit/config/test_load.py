@@ -60,7 +60,7 @@ BAD = [
     (qwen(upstream="url: 'http://h', protocl: vllm"), f"{Q}: upstream.protocl: unknown key (did you mean 'protocol'?)"),
     (
         qwen("draft: {model: m, zz: 1}"),
-        f"{Q}: draft.zz: unknown key (allowed: kind, model, ngram_min, ngram_max, threads, ctx, gpu_layers, batch)",
+        f"{Q}: draft.zz: unknown key (allowed: kind, model, ngram_min, ngram_max, threads, ctx, gpu_layers, batch, parallel)",
     ),
     (qwen("draft: {model: m, kind: lookup}"), f"{Q}: draft.kind: must be one of model, ngram, hybrid"),
     (qwen("draft: {model: m, ngram_min: 4, ngram_max: 2}"), f"{Q}: draft.ngram_max: must be >= ngram_min (4)"),

@@ -1,9 +1,13 @@
-"""The round loop with a scripted drafter and the real SGLang client against a fake SGLang (a toy model)."""
+"""The round loop with a scripted drafter and the real target clients against fake servers of a toy model.
+
+Each test runs against SGLang and vLLM (tests/fakes/), unless it is about one protocol's requests.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
@@ -15,33 +19,83 @@ from proxy.decode.plain import PLAIN_CHUNK
 from proxy.decode.session import RequestRandom, Session
 from proxy.drafting.base import Drafter
 from proxy.sampling.processors import SamplingParams
+from proxy.targets.base import Target
 from proxy.targets.sglang import SGLangTarget
 from proxy.targets.upstream import Timeouts, Upstream
+from proxy.targets.vllm import VLLMTarget
+from tests.fakes import sglang, vllm
 from tests.fakes.drafter import ScriptedDrafter
-from tests.fakes.sglang import SEEN, fake_sglang_app
 from tests.fakes.toy_model import END, ToyModel
 
 PROMPT = [3, 5, 7, 11]
 GREEDY = SamplingParams(temperature=0.0)
+TOP_N = 5  # each session's top-N
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One target protocol: its fake server, its client, and where its requests carry what these tests check."""
+
+    app: Callable[[ToyModel], Any]
+    seen: Any  # the fake's AppKey of ("METHOD /path", body) records
+    client: Callable[[Upstream], Target]
+    path: str  # the generation endpoint
+    scores: Callable[[dict], bool]  # a verification request, not plain decoding
+    input_ids: Callable[[dict], list[int]]
+    new_tokens: Callable[[dict], int]  # how many tokens a plain-decoding request asks for
+    verification_fields: dict[str, Any]  # what every verification request sends
+
+
+PROTOCOLS = {
+    "sglang": Protocol(
+        sglang.fake_sglang_app, sglang.SEEN, SGLangTarget, "POST /generate",
+        scores=lambda body: bool(body.get("return_logprob")),
+        input_ids=lambda body: body["input_ids"],
+        new_tokens=lambda body: body["sampling_params"]["max_new_tokens"],
+        verification_fields={"top_logprobs_num": TOP_N, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}),
+    "vllm": Protocol(
+        vllm.toy_vllm_app, vllm.SEEN, VLLMTarget, "POST /v1/completions",
+        scores=lambda body: "prompt_logprobs" in body,
+        input_ids=lambda body: body["prompt"],
+        new_tokens=lambda body: body["max_tokens"],
+        verification_fields={"prompt_logprobs": TOP_N, "logprobs": TOP_N, "max_tokens": 1, "temperature": 0.0}),
+}
 
 
 @dataclass
 class Served:
-    """A fake SGLang server, the target client talking to it, and the toy model behind it."""
+    """A fake server, the target client talking to it, and the toy model behind it."""
 
-    target: SGLangTarget
+    protocol: Protocol
+    target: Target
     model: ToyModel
-    seen: list
+    seen: list  # ("METHOD /path", body) per request
+
+    def bodies(self, *, scoring: bool) -> list[dict]:
+        """The generation requests: verification rounds, or plain decoding."""
+        return [body for path, body in self.seen
+                if path == self.protocol.path and self.protocol.scores(body) == scoring]
+
+
+@pytest.fixture(params=sorted(PROTOCOLS))
+def protocol(request: pytest.FixtureRequest) -> str:
+    return request.param
 
 
 @pytest.fixture
-async def served(request: pytest.FixtureRequest) -> AsyncIterator[Served]:
-    model = ToyModel(end_after=getattr(request, "param", None))
-    app = fake_sglang_app(model)
+def end_after() -> int | None:
+    """Force the end token once the context holds this many tokens (None: never)."""
+    return None
+
+
+@pytest.fixture
+async def served(protocol: str, end_after: int | None) -> AsyncIterator[Served]:
+    model, wire = ToyModel(end_after=end_after), PROTOCOLS[protocol]
+    app = wire.app(model)
     server = TestServer(app)
     await server.start_server()
     upstream = Upstream(str(server.make_url("")), Timeouts(1.0, 5.0, 5.0))
-    yield Served(SGLangTarget(upstream), model, app[SEEN])
+    yield Served(wire, wire.client(upstream), model, app[wire.seen])
     await upstream.close()
     await server.close()
 
@@ -63,7 +117,7 @@ async def run(served: Served, drafter: Drafter, max_tokens: int, *, k: int = 4, 
               params: SamplingParams = GREEDY, seed: int | None = 1) -> tuple[list[list[int]], list[Event]]:
     events: list[Event] = []
     policy = policy or PinnedPolicy(k)
-    session = Session("req", "route", PROMPT, max_tokens, params, served.target.order, 5, policy,
+    session = Session("req", "route", PROMPT, max_tokens, params, served.target.order, TOP_N, policy,
                       RequestRandom.from_seed(seed), Publisher([policy.observe, events.append]))
     batches = [batch async for batch in speculative_tokens(session, drafter, served.target)]
     return batches, events
@@ -100,7 +154,7 @@ async def test_a_rejected_draft_is_replaced_by_the_targets_token(served: Served,
     assert all(len(b) == wrong_at + 1 for b in batches[:-1])
 
 
-@pytest.mark.parametrize("served", [len(PROMPT) + 6], indirect=True)
+@pytest.mark.parametrize("end_after", [len(PROMPT) + 6])
 async def test_generation_stops_at_the_end_token(served: Served) -> None:
     batches, events = await run(served, follow(served.model), 40, k=4)
     output = sum(batches, [])
@@ -137,8 +191,8 @@ async def test_switch_to_plain_decoding_continues_the_same_text(served: Served) 
     assert [e.reason for e in events if isinstance(e, SwitchEvent)] == ["scripted switch"]
     plain = [e for e in events if isinstance(e, PlainEvent)]
     assert sum(len(e.tokens) for e in plain) == 30 - 4  # two rounds emitted 2 tokens each
-    plain_calls = [b for b in served.seen if "input_ids" in b and not b.get("return_logprob")]
-    assert [b["sampling_params"]["max_new_tokens"] for b in plain_calls] == [PLAIN_CHUNK, PLAIN_CHUNK, PLAIN_CHUNK, 2]
+    plain_calls = served.bodies(scoring=False)
+    assert [served.protocol.new_tokens(b) for b in plain_calls] == [PLAIN_CHUNK, PLAIN_CHUNK, PLAIN_CHUNK, 2]
 
 
 async def test_an_empty_draft_still_emits_the_targets_token(served: Served) -> None:
@@ -149,11 +203,19 @@ async def test_an_empty_draft_still_emits_the_targets_token(served: Served) -> N
 
 async def test_each_round_asks_the_target_about_the_context_and_the_draft(served: Served) -> None:
     await run(served, follow(served.model, wrong_at=2), 6, k=4)
-    scored = [b for b in served.seen if b.get("return_logprob")]
-    first, second = scored[0], scored[1]
-    assert first["input_ids"][: len(PROMPT)] == PROMPT and len(first["input_ids"]) == len(PROMPT) + 4
-    assert first["logprob_start_len"] == len(PROMPT) - 1 and first["top_logprobs_num"] == 5
-    assert second["input_ids"][: len(PROMPT) + 3] == PROMPT + served.model.greedy(PROMPT, 3)
+    first, second = served.bodies(scoring=True)[:2]
+    ids = served.protocol.input_ids
+    assert ids(first)[: len(PROMPT) + 2] == PROMPT + served.model.greedy(PROMPT, 2)
+    assert len(ids(first)) == len(PROMPT) + 4
+    assert first.items() >= served.protocol.verification_fields.items()
+    assert ids(second)[: len(PROMPT) + 3] == PROMPT + served.model.greedy(PROMPT, 3)
+
+
+@pytest.mark.parametrize("protocol", ["sglang"])
+async def test_sglang_rounds_start_the_logprobs_at_the_last_context_token(served: Served) -> None:
+    await run(served, follow(served.model, wrong_at=2), 6, k=4)
+    first, second = served.bodies(scoring=True)[:2]
+    assert (first["logprob_start_len"], second["logprob_start_len"]) == (len(PROMPT) - 1, len(PROMPT) + 3 - 1)
 
 
 async def test_a_seeded_request_at_temperature_one_reproduces(served: Served) -> None:

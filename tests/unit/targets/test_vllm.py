@@ -1,7 +1,8 @@
-"""proxy/targets/vllm.py without a vLLM: answers captured from a real one (data/), and a fake server.
+"""proxy/targets/vllm.py without a vLLM: answers captured from a real one (data/), replayed by a fake server.
 
-The fake is a real aiohttp app on a loopback port that replays those answers and records what
-VLLMTarget sent, so the request bodies are checked too.
+The replaying fake (tests/fakes/vllm.py) is a real aiohttp app on a loopback port that records what
+VLLMTarget sent, so the request bodies are checked too. The toy-model fake is checked against the
+captured answers' shapes here, so that tests running on it see what a real vLLM sends.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -24,6 +25,8 @@ from proxy.sampling.processors import SamplerOrder, SamplingParams
 from proxy.targets.upstream import Timeouts, Upstream, UpstreamStatusError
 from proxy.targets.vllm import VLLMInfo, VLLMTarget, parse_max_logprobs, parse_verification
 from proxy.wire.request import CHAT, COMPLETION
+from tests.fakes.toy_model import ToyModel
+from tests.fakes.vllm import SEEN, replay_vllm_app, toy_vllm_app
 
 DATA = Path(__file__).parent / "data"
 VERIFY = json.loads((DATA / "vllm_verify_smollm2.json").read_text())
@@ -134,43 +137,20 @@ def test_any_entry_gives_the_top_n_best_first(data: st.DataObject, top_n: int) -
     assert first.token_logprob == dict(ranked)[draft]
 
 
-# A fake vLLM on a loopback port that answers with the captured bodies and records the requests.
+# The replaying fake vLLM (tests/fakes/vllm.py) on a loopback port, and the client talking to it.
 
 
 @asynccontextmanager
 async def fake_vllm(verify_answer: dict[str, Any] | None = None) -> AsyncIterator[tuple[VLLMTarget, list]]:
-    seen: list[tuple[str, Any]] = []
-
-    async def handle(request: web.Request) -> web.Response:
-        body = await request.json() if request.can_read_body else None
-        seen.append((f"{request.method} {request.path}", body))
-        if request.path == "/version":
-            return web.json_response(ENDPOINTS["GET /version"]["body"])
-        if request.path == "/v1/models":
-            return web.json_response(ENDPOINTS["GET /v1/models"]["body"])
-        if request.path == "/tokenize":
-            key = "POST /tokenize chat" if "messages" in body else "POST /tokenize prompt"
-            return web.json_response(ENDPOINTS[key]["body"])
-        if "prompt_logprobs" not in body:
-            return web.json_response(ENDPOINTS["POST /v1/completions generate"]["body"])
-        if body["prompt_logprobs"] > 20:
-            captured = ENDPOINTS["POST /v1/completions over the cap"]
-            return web.json_response(captured["body"], status=captured["status"])
-        return web.json_response(verify_answer or VERIFY["response"])
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    upstream = Upstream(f"http://127.0.0.1:{port}", Timeouts(connect=2, first_byte=5, idle=5))
+    app = replay_vllm_app(ENDPOINTS, verify_answer or VERIFY["response"])
+    server = TestServer(app)
+    await server.start_server()
+    upstream = Upstream(str(server.make_url("")), Timeouts(connect=2, first_byte=5, idle=5))
     try:
-        yield VLLMTarget(upstream), seen
+        yield VLLMTarget(upstream), app[SEEN]
     finally:
         await upstream.close()
-        await runner.cleanup()
+        await server.close()
 
 
 async def test_verify_sends_one_completions_request_and_parses_it() -> None:
@@ -254,3 +234,73 @@ async def test_a_garbled_answer_is_an_upstream_error() -> None:
     async with fake_vllm({"choices": [{"text": "hi"}]}) as (target, _):
         with pytest.raises(UpstreamUnavailableError, match="malformed verification answer"):
             await target.verify([1], [2], 2)
+
+
+# The toy-model fake vLLM answers in the shapes captured from a real one.
+
+
+def shape(value: Any) -> Any:
+    """A JSON value's structure: key names (token keys collapsed by style), element shapes, scalar types."""
+    if isinstance(value, dict):
+        styles = {"<id>" if key.isdigit() else "<token_id:id>" if key.startswith("token_id:") else None
+                  for key in value}
+        if value and len(styles) == 1 and None not in styles:
+            return {styles.pop(): sorted({json.dumps(shape(v), sort_keys=True) for v in value.values()})}
+        return {key: shape(v) for key, v in value.items()}
+    if isinstance(value, list):
+        return sorted({json.dumps(shape(v), sort_keys=True) for v in value})
+    return type(value).__name__
+
+
+TOY_PROMPT = [3, 5, 7, 11, 2, 4, 6, 8]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "captured"), [
+    ("POST", "/v1/completions", {**VERIFY["request"], "model": "toy", "prompt": TOY_PROMPT}, VERIFY["response"]),
+    ("POST", "/v1/completions", {**ENDPOINTS["POST /v1/completions generate"]["request"], "model": "toy",
+                                 "prompt": TOY_PROMPT[:5]}, ENDPOINTS["POST /v1/completions generate"]["body"]),
+    ("POST", "/tokenize", {**ENDPOINTS["POST /tokenize chat"]["request"], "model": "toy"},
+     ENDPOINTS["POST /tokenize chat"]["body"]),
+    ("POST", "/tokenize", {**ENDPOINTS["POST /tokenize prompt"]["request"], "model": "toy"},
+     ENDPOINTS["POST /tokenize prompt"]["body"]),
+    ("GET", "/v1/models", None, ENDPOINTS["GET /v1/models"]["body"]),
+    ("GET", "/version", None, ENDPOINTS["GET /version"]["body"]),
+], ids=["verify", "generate", "tokenize chat", "tokenize prompt", "models", "version"])
+async def test_the_toy_fake_answers_in_the_captured_shape(method: str, path: str, body: dict | None,
+                                                          captured: dict) -> None:
+    async with TestClient(TestServer(toy_vllm_app(ToyModel()))) as client:
+        response = await client.request(method, path, json=body)
+        assert response.status == 200
+        assert shape(await response.json()) == shape(captured)
+
+
+async def test_the_toy_fake_refuses_too_many_logprobs_as_vllm_does() -> None:
+    over = ENDPOINTS["POST /v1/completions over the cap"]
+    async with TestClient(TestServer(toy_vllm_app(ToyModel()))) as client:
+        response = await client.post("/v1/completions", json={**over["request"], "model": "toy"})
+        assert (response.status, await response.json()) == (over["status"], over["body"])
+
+
+async def test_the_toy_fake_scores_what_the_toy_model_says() -> None:
+    model, context, drafts = ToyModel(), TOY_PROMPT[:5], TOY_PROMPT[5:]
+    async with TestClient(TestServer(toy_vllm_app(model))) as client:
+        response = await client.post("/v1/completions", json={**VERIFY["request"], "model": "toy",
+                                                              "prompt": context + drafts})
+        verification = parse_verification(await response.json(), len(context), drafts, VERIFY["top_n"])
+    for position, scored in enumerate(verification.positions[:-1]):
+        logprobs = model.log_softmax(context + drafts[:position])
+        assert scored.token_logprob == pytest.approx(logprobs[drafts[position]])
+        assert scored.top_ids.tolist() == np.argsort(-logprobs, kind="stable")[:VERIFY["top_n"]].tolist()
+    assert verification.bonus_token == model.greedy(context + drafts, 1)[0]
+
+
+async def test_probe_against_the_toy_fake() -> None:
+    server = TestServer(toy_vllm_app(ToyModel()))
+    await server.start_server()
+    upstream = Upstream(str(server.make_url("")), Timeouts(connect=2, first_byte=5, idle=5))
+    try:
+        info = await VLLMTarget(upstream).probe()
+    finally:
+        await upstream.close()
+        await server.close()
+    assert info == VLLMInfo(version="0.32.0", model="toy", max_model_len=4096, max_logprobs=20)

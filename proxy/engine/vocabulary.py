@@ -1,0 +1,71 @@
+"""A GGUF model's tokenizer side: text <-> ids, token bytes, end-of-generation ids, and its chat template."""
+
+from __future__ import annotations
+
+import ctypes
+
+import llama_cpp
+from llama_cpp._internals import LlamaModel
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from proxy.errors import BadRequestError
+
+
+class LlamaVocabulary:
+    """Tokenization with the model's own vocabulary and chat template (no context: safe beside decoding)."""
+
+    def __init__(self, model: LlamaModel, metadata: dict[str, str]) -> None:
+        self._model = model
+        self.n_vocab: int = model.n_vocab()
+        self._chat_formatters = {
+            flag: self._make_chat_formatter(metadata, add_generation_prompt=flag) for flag in (True, False)
+        }
+
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        """Token ids for text; special-token text (like <|im_start|>) is parsed as such."""
+        add_bos = add_special and self._model.add_bos_token()
+        return self._model.tokenize(text.encode("utf-8"), add_bos, True)
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token renders to in output text (special tokens render as nothing)."""
+        size = 64
+        buffer = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_token_to_piece(self._model.vocab, token, buffer, size, 0, False)
+        if n < 0:  # a piece longer than the buffer: ask again with the size llama.cpp needs
+            buffer = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._model.vocab, token, buffer, -n, 0, False)
+        return buffer.raw[:n]
+
+    def is_end_of_generation(self, token: int) -> bool:
+        """True for EOS and the template's end-of-turn tokens."""
+        return bool(llama_cpp.llama_vocab_is_eog(self._model.vocab, token))
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        """BOS and EOS ids (-1 when the model has none)."""
+        return {"bos": self._model.token_bos(), "eos": self._model.token_eos()}
+
+    def _make_chat_formatter(self, metadata: dict[str, str], *,
+                             add_generation_prompt: bool) -> Jinja2ChatFormatter | None:
+        template = metadata.get("tokenizer.chat_template")
+        if not template:
+            return None
+        eos, bos = self._model.token_eos(), self._model.token_bos()
+        return Jinja2ChatFormatter(
+            template=template,
+            eos_token=self._model.token_get_text(eos) if eos >= 0 else "",
+            bos_token=self._model.token_get_text(bos) if bos >= 0 else "",
+            add_generation_prompt=add_generation_prompt,
+        )
+
+    def chat_prompt_ids(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of chat messages rendered with the model's own chat template."""
+        formatter = self._chat_formatters[add_generation_prompt]
+        if formatter is None:
+            raise BadRequestError("this model has no chat template; use /v1/completions")
+        try:
+            rendered = formatter(messages=messages)
+        except Exception as exc:  # jinja raises many types; all mean the messages did not fit the template
+            raise BadRequestError(f"chat template failed: {exc}") from exc
+        # The template writes its own special tokens, so no BOS is added (as llama-cpp-python does).
+        return self._model.tokenize(rendered.prompt.encode("utf-8"), False, True)

@@ -1,0 +1,50 @@
+"""The verifier's model: its engine thread, its sequences, and whether concurrent requests share decodes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+from proxy.engine.batcher import StepBatcher
+from proxy.engine.llama import Evaluation, LlamaEngine
+from proxy.engine.runner import EngineRunner
+from proxy.engine.sequences import SequenceLeases, SequencePool
+
+
+class VerifierModel:
+    """One loaded GGUF serving several requests at once, each in a sequence of its own."""
+
+    def __init__(self, engine: LlamaEngine, *, shared_decode: bool = False) -> None:
+        self.engine = engine
+        self.vocabulary = engine.vocabulary
+        self._runner = EngineRunner(engine)
+        # Off by default: a request's returned rows are then evaluated as a batch of their own, so
+        # its logits do not depend on what else runs. On: concurrent requests' rows share decodes
+        # (more throughput; logits, and so near-tie outputs, then depend on the load).
+        self._batcher = StepBatcher(self._runner) if shared_decode else None
+        self._pool = SequencePool(SequenceLeases(engine.n_seq, engine.held))
+
+    async def evaluate(self, seq: int, tokens: Sequence[int], first_logit_row: int) -> Evaluation:
+        """Logits for rows >= first_logit_row of tokens, evaluated in sequence `seq`."""
+        if self._batcher is not None:
+            return await self._batcher.evaluate(seq, tokens, first_logit_row)
+        return await self._runner.run(self.engine.evaluate, seq, tokens, first_logit_row)
+
+    @asynccontextmanager
+    async def sequence(self, context: Sequence[int]) -> AsyncIterator[int]:
+        """A sequence for one request (the free one sharing most of its context), waiting while all are in use."""
+        lease = await self._pool.acquire(context)
+        try:
+            if lease.copy_from is not None:
+                await self._runner.run(self.engine.fork, lease.copy_from, lease.seq, lease.shared)
+            yield lease.seq
+        finally:
+            self._pool.release(lease.seq)
+
+    def occupancy(self) -> tuple[int, int]:
+        """(sequences held by requests now, sequences)."""
+        return self.engine.n_seq - self._pool.leases.free, self.engine.n_seq
+
+    def close(self) -> None:
+        """Stop the engine thread and free the model."""
+        self._runner.close()

@@ -1,0 +1,114 @@
+"""`POST /generate` bodies (SGLang's `GenerateReqInput`, token ids only) -> validated requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.errors import BadRequestError
+from proxy.sampling.processors import SamplingParams
+
+MAX_TOP_LOGPROBS = 1000
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One sequence of a /generate call."""
+
+    input_ids: list[int]
+    max_new_tokens: int
+    params: SamplingParams
+    return_logprob: bool
+    logprob_start_len: int
+    top_logprobs_num: int
+    seed: int | None
+    draft_support_ids: list[list[int]] | None = None
+
+
+def _int_field(obj: dict, name: str, default: int, low: int) -> int:
+    value = obj.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise BadRequestError(f"'{name}' must be an integer >= {low}", param=name)
+    return value
+
+
+def _float_field(obj: dict, name: str, default: float, low: float, high: float) -> float:
+    value = obj.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise BadRequestError(f"'{name}' must be a number in [{low}, {high}]", param=name)
+    return float(value)
+
+
+def _parse_sampling(obj: Any) -> tuple[int, SamplingParams, int | None]:
+    if obj is None:
+        obj = {}
+    if not isinstance(obj, dict):
+        raise BadRequestError("'sampling_params' must be an object", param="sampling_params")
+    top_k = obj.get("top_k", -1)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < -1:
+        raise BadRequestError("'top_k' must be an integer >= -1", param="top_k")
+    params = SamplingParams(
+        temperature=_float_field(obj, "temperature", 1.0, 0.0, 100.0),
+        top_k=max(top_k, 0),
+        top_p=_float_field(obj, "top_p", 1.0, 0.0, 1.0),
+        min_p=_float_field(obj, "min_p", 0.0, 0.0, 1.0),
+    )
+    seed = obj.get("sampling_seed", obj.get("seed"))
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise BadRequestError("'sampling_seed' must be an integer", param="sampling_seed")
+    return _int_field(obj, "max_new_tokens", 128, 0), params, seed
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    )
+
+
+def parse_generate(body: Any) -> tuple[list[GenerateRequest], bool]:
+    """Validate a /generate body; returns the sequences and whether the input was a batch."""
+    if not isinstance(body, dict):
+        raise BadRequestError("the request body must be a JSON object")
+    if "text" in body and "input_ids" not in body:
+        raise BadRequestError("this verifier takes 'input_ids' only (token ids, not text)", param="text")
+    input_ids = body.get("input_ids")
+    batched = isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
+    sequences = input_ids if batched else [input_ids]
+    if not all(_is_ids(s) for s in sequences):
+        raise BadRequestError("'input_ids' must be a non-empty list of token ids (or a list of such lists)",
+                              param="input_ids")
+    sampling = body.get("sampling_params")
+    per_sequence = sampling if isinstance(sampling, list) else [sampling] * len(sequences)
+    if len(per_sequence) != len(sequences):
+        raise BadRequestError("'sampling_params' list must match the batch size", param="sampling_params")
+    return_logprob = bool(body.get("return_logprob", False))
+    top_n = _int_field(body, "top_logprobs_num", 0, 0)
+    if top_n > MAX_TOP_LOGPROBS:
+        raise BadRequestError(f"'top_logprobs_num' must be at most {MAX_TOP_LOGPROBS}", param="top_logprobs_num")
+    start = body.get("logprob_start_len", -1)
+    if isinstance(start, bool) or not isinstance(start, int) or start < -1:
+        raise BadRequestError("'logprob_start_len' must be an integer >= -1", param="logprob_start_len")
+    support = _parse_support(body.get("draft_support_ids"), batched)
+    requests = []
+    for ids, params in zip(sequences, per_sequence):
+        max_new, sampling_params, seed = _parse_sampling(params)
+        if start >= len(ids):
+            raise BadRequestError(f"'logprob_start_len' {start} must be below the input length {len(ids)}",
+                                  param="logprob_start_len")
+        first_row = len(ids) - 1 if start == -1 else start
+        if support is not None and (len(support) >= len(ids) or first_row > len(ids) - len(support) - 1):
+            raise BadRequestError("'draft_support_ids' needs one list per draft token, all scored "
+                                  "(logprob_start_len <= len(input_ids) - K - 1)", param="draft_support_ids")
+        requests.append(GenerateRequest(ids, max_new, sampling_params, return_logprob, first_row, top_n, seed,
+                                        support))
+    return requests, batched
+
+
+def _parse_support(value: Any, batched: bool) -> list[list[int]] | None:
+    if value is None:
+        return None
+    if batched:
+        raise BadRequestError("'draft_support_ids' takes a single sequence", param="draft_support_ids")
+    if not isinstance(value, list) or not all(_is_ids(ids) for ids in value):
+        raise BadRequestError("'draft_support_ids' must be a list of non-empty id lists", param="draft_support_ids")
+    return value
