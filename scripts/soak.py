@@ -18,18 +18,16 @@ import json
 import os
 import random
 import re
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
-REPO = Path(__file__).resolve().parent.parent
+from proxy.bench.local import local_stack
+
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
     "Explain what a hash map is in two sentences.",
@@ -56,22 +54,6 @@ class Usage:
         status = Path(f"/proc/{pid}/status").read_text()
         rss = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1))  # type: ignore[union-attr]
         return cls(rss, len(os.listdir(f"/proc/{pid}/fd")))
-
-
-def start(args: list[str], log: Path, ready: str) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-m", "proxy", *args], cwd=REPO, stdout=log.open("w"),
-                               stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"soak: {args[0]} exited:\n{log.read_text()[-2000:]}")
-        try:
-            urllib.request.urlopen(ready, timeout=2)
-            return process
-        except OSError:
-            time.sleep(0.5)
-    process.kill()
-    raise SystemExit(f"soak: {args[0]} did not start")
 
 
 class Soak:
@@ -180,24 +162,13 @@ def main() -> int:
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="speculoos-soak-"))
-    routes = folder / "routes.yaml"
-    routes.write_text(f"routes:\n  - name: soak\n    upstream: {{url: 'http://127.0.0.1:18001'}}\n"
-                      f"    draft: {{model: {args.draft}, threads: 1, parallel: {args.concurrency}}}\n")
-    verifier = start(["verifier", "--model", args.target, "--port", "18001", "--threads", "1",
-                      "--parallel", str(args.concurrency)], folder / "verifier.log", "http://127.0.0.1:18001/health")
-    proxy = start(["serve", "--routes", str(routes), "--port", "18080"], folder / "proxy.log",
-                  "http://127.0.0.1:18080/v1/models")
-    try:
-        warm = Soak("http://127.0.0.1:18080", args.concurrency, args.seed + 1)
+    with local_stack(args.target, args.draft, parallel=args.concurrency) as stack:
+        warm = Soak(stack.proxy_url, args.concurrency, args.seed + 1)
         asyncio.run(warm.run(args.warmup_minutes))
-        start_usage = {"verifier": Usage.of(verifier.pid), "proxy": Usage.of(proxy.pid)}
-        soak = Soak("http://127.0.0.1:18080", args.concurrency, args.seed)
+        start_usage = {"verifier": Usage.of(stack.verifier_pid), "proxy": Usage.of(stack.proxy_pid)}
+        soak = Soak(stack.proxy_url, args.concurrency, args.seed)
         asyncio.run(soak.run(args.minutes))
-        end_usage = {"verifier": Usage.of(verifier.pid), "proxy": Usage.of(proxy.pid)}
-    finally:
-        proxy.terminate()
-        verifier.terminate()
+        end_usage = {"verifier": Usage.of(stack.verifier_pid), "proxy": Usage.of(stack.proxy_pid)}
     problems = list(dict.fromkeys(soak.failures))
     for name in ("verifier", "proxy"):
         a, b = start_usage[name], end_usage[name]
@@ -214,7 +185,7 @@ def main() -> int:
     verdict = "PASS" if not problems else "FAIL"
     print(f"soak {verdict}: {args.minutes:g} min at concurrency {args.concurrency}, "
           f"{sum(v for k, v in soak.counts.items() if k != 'quiet_checks')} requests, {len(problems)} problem(s) "
-          f"(logs: {folder})")
+          f"(logs: {stack.folder})")
     return 0 if verdict == "PASS" else 1
 
 

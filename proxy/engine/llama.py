@@ -129,10 +129,10 @@ class LlamaEngine:
         return Evaluation(np.stack([row for _, row in logits]), reused)
 
     def evaluate_steps(self, steps: Sequence[Step]) -> list[Evaluation]:
-        """Evaluate several sequences' new tokens in shared decodes (one per `n_batch` tokens).
+        """Evaluate several sequences' new tokens in shared decodes: their prefixes, then their returned rows.
 
         Faster than one call each when many sequences advance a token at a time (drafting), at
-        the price of logits that depend on what shares the batch.
+        the price of logits that may depend on what shares the batch.
         """
         for step in steps:
             self.check(step.tokens, step.first_logit_row)
@@ -142,7 +142,10 @@ class LlamaEngine:
         rows = [_Row(i, s.seq, p, s.tokens[p], p >= s.first_logit_row)
                 for i, (s, start) in enumerate(zip(steps, reused)) for p in range(start, len(s.tokens))]
         by_step: list[list[np.ndarray]] = [[] for _ in steps]
-        for step_index, row in self._decode(rows):
+        # Prefixes first, then the returned rows, as evaluate() splits them: a step evaluated alone
+        # gives the same logits either way, so a seeded request reproduces when nothing else runs.
+        prefixes, returned = [r for r in rows if not r.wanted], [r for r in rows if r.wanted]
+        for step_index, row in self._decode(prefixes) + self._decode(returned):
             by_step[step_index].append(row)
         return [Evaluation(np.stack(logits), cached) for logits, cached in zip(by_step, reused)]
 

@@ -139,8 +139,9 @@ def test_first_token_follows_the_target_distribution(
 
 
 def test_seeded_sampled_request_is_reproducible(smol_proxy: Process) -> None:
+    # K pinned: in auto mode K follows the route's measurements, and a round's draws depend on its K.
     client = openai.OpenAI(base_url=smol_proxy.url + "/v1", api_key="unused", max_retries=0,
-                           default_headers=FORCE)
+                           default_headers={"X-Speculoos": "k=4"})
     texts = []
     for _ in range(2):
         raw = client.chat.completions.with_raw_response.create(
