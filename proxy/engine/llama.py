@@ -129,10 +129,9 @@ class LlamaEngine:
         return Evaluation(np.stack([row for _, row in logits]), reused)
 
     def evaluate_steps(self, steps: Sequence[Step]) -> list[Evaluation]:
-        """Evaluate several sequences' new tokens in shared decodes: their prefixes, then their returned rows.
+        """Evaluate several sequences' new tokens; their returned rows share one decode (per `n_batch` rows).
 
-        Faster than one call each when many sequences advance a token at a time (drafting), at
-        the price of logits that may depend on what shares the batch.
+        Faster than one call each when many sequences advance a token at a time (drafting).
         """
         for step in steps:
             self.check(step.tokens, step.first_logit_row)
@@ -142,10 +141,13 @@ class LlamaEngine:
         rows = [_Row(i, s.seq, p, s.tokens[p], p >= s.first_logit_row)
                 for i, (s, start) in enumerate(zip(steps, reused)) for p in range(start, len(s.tokens))]
         by_step: list[list[np.ndarray]] = [[] for _ in steps]
-        # Prefixes first, then the returned rows, as evaluate() splits them: a step evaluated alone
-        # gives the same logits either way, so a seeded request reproduces when nothing else runs.
-        prefixes, returned = [r for r in rows if not r.wanted], [r for r in rows if r.wanted]
-        for step_index, row in self._decode(prefixes) + self._decode(returned):
+        # Each step's prefix in a decode of its own, as evaluate() does, then every step's returned
+        # rows together: a row's cache values depend on the batch it was computed in, so only the
+        # returned rows (one a step when drafting, whose values do not depend on their neighbours)
+        # are shared, and a step's logits are those it would get alone.
+        prefixes = [[r for r in rows if r.step == i and not r.wanted] for i in range(len(steps))]
+        decoded = [out for prefix in prefixes for out in self._decode(prefix)]
+        for step_index, row in decoded + self._decode([r for r in rows if r.wanted]):
             by_step[step_index].append(row)
         return [Evaluation(np.stack(logits), cached) for logits, cached in zip(by_step, reused)]
 
