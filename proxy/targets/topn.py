@@ -4,8 +4,8 @@ Stock servers return raw logprobs for the top N tokens (plus the scored token), 
 vocabulary. What that allows:
 - greedy: the argmax is the top-1: exact;
 - `top_k` in 1..N: the whole support is known; temperature, min_p (a ratio to the max) and
-  renormalised top_p are then exact too. SGLang's joint top_p uses the *unrenormalised* full
-  softmax, whose normaliser is unknown unless T = 1;
+  renormalised top_p are then exact too. SGLang's joint top_p is judged on the full softmax,
+  not on the known ids renormalised, so it is not exact here;
 - otherwise the target's mass outside the top N is unknown: not exact. In `bounded` mode we use
   the renormalised top N and report a bound on the total-variation error per token.
 """
@@ -27,8 +27,8 @@ def exactness_problem(params: SamplingParams, top_n: int, order: SamplerOrder) -
         return None
     if not 1 <= params.top_k <= top_n:
         return f"temperature > 0 needs top_k in 1..{top_n} for an exact top-{top_n} verification"
-    if order is SamplerOrder.TEMPERATURE_THEN_JOINT_TRUNCATE and params.top_p < 1 and params.temperature != 1:
-        return "SGLang's joint top_p needs the full-vocabulary normaliser at this temperature"
+    if order is SamplerOrder.TEMPERATURE_THEN_JOINT_TRUNCATE and params.top_p < 1:
+        return "SGLang's joint top_p is judged on the full-vocabulary softmax, not the known ids"
     return None
 
 

@@ -18,18 +18,11 @@ from proxy.sampling.rejection import (
     verify,
     verify_on_support,
 )
+from tests.unit.sampling.test_processors import ALL_ORDERS, LLAMA, QWEN_VOCAB
 
 IDENTITY_TOLERANCE = 1e-12
-PROBS_TOLERANCE = 1e-12
 SIGNIFICANCE = 1e-3
 CHI_SQUARE_ROUNDS = 20_000
-QWEN_VOCAB = 151_936
-LLAMA, VLLM, SGLANG = (
-    SamplerOrder.TRUNCATE_THEN_TEMPERATURE,
-    SamplerOrder.TEMPERATURE_THEN_TRUNCATE,
-    SamplerOrder.TEMPERATURE_THEN_JOINT_TRUNCATE,
-)
-ALL_ORDERS = list(SamplerOrder)
 RNG = np.random.default_rng(0)  # for calls that fail before drawing
 
 Verifier = Callable[[np.ndarray, np.ndarray, np.ndarray, np.random.Generator], RoundResult]
