@@ -115,21 +115,16 @@ class LlamaEngine:
 
         llama.cpp's logits for a row depend on how the sequence was split into batches (a row
         evaluated together with its whole context differs from one evaluated after a cached
-        prefix, by up to ~0.5 logits on Qwen2.5 Q4_K_M), and on what else shares the batch. So the
-        prefix is evaluated first and the returned rows then as one batch of their own, whatever
-        was cached before or runs beside: a request's logits do not depend on cache history or
-        load, and seeded requests reproduce.
+        prefix, by up to ~0.5 logits on Qwen2.5 Q4_K_M). So the uncached prefix is evaluated first
+        and the returned rows then as one batch of their own, whatever was cached: a request whose
+        own rounds built its cache gets the same logits cold or warm, and seeded requests reproduce.
+        A prefix cached by another request keeps the split it was computed in, so near-tie logits
+        can still move with what was cached before.
         """
-        self.check(tokens, first_logit_row)
-        reused = self._reuse(seq, tokens, first_logit_row)
-        rows = [_Row(0, seq, p, tokens[p], p >= first_logit_row) for p in range(reused, len(tokens))]
-        prefix = [r for r in rows if not r.wanted]
-        returned = [r for r in rows if r.wanted]
-        logits = self._decode(prefix) + self._decode(returned)
-        return Evaluation(np.stack([row for _, row in logits]), reused)
+        return self.evaluate_steps([Step(seq, tokens, first_logit_row)])[0]
 
     def evaluate_steps(self, steps: Sequence[Step]) -> list[Evaluation]:
-        """Evaluate several sequences' new tokens; their returned rows share one decode (per `n_batch` rows).
+        """Evaluate several sequences' new tokens: each prefix on its own, the returned rows in shared decodes.
 
         Faster than one call each when many sequences advance a token at a time (drafting).
         """
@@ -141,10 +136,10 @@ class LlamaEngine:
         rows = [_Row(i, s.seq, p, s.tokens[p], p >= s.first_logit_row)
                 for i, (s, start) in enumerate(zip(steps, reused)) for p in range(start, len(s.tokens))]
         by_step: list[list[np.ndarray]] = [[] for _ in steps]
-        # Each step's prefix in a decode of its own, as evaluate() does, then every step's returned
-        # rows together: a row's cache values depend on the batch it was computed in, so only the
-        # returned rows (one a step when drafting, whose values do not depend on their neighbours)
-        # are shared, and a step's logits are those it would get alone.
+        # Each step's prefix in a decode of its own, then every step's returned rows together: a
+        # row's cache values depend on the batch it was computed in, so only the returned rows are
+        # shared (one a step when drafting, and a single row per sequence was measured to give the
+        # same logits alone or beside others), and a step gets the logits it would get alone.
         prefixes = [[r for r in rows if r.step == i and not r.wanted] for i in range(len(steps))]
         decoded = [out for prefix in prefixes for out in self._decode(prefix)]
         for step_index, row in decoded + self._decode([r for r in rows if r.wanted]):

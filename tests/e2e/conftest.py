@@ -1,7 +1,7 @@
 """Fixtures of the end-to-end tier: the real models, and real verifier and proxy processes.
 
-The module-scoped fixtures at the end serve `test_proxy_errors.py` alone: the `faults` proxy, its
-verifiers and its faulty upstream. Each module that asks for them gets its own, so no other module should.
+The module-scoped fixtures at the end serve `test_proxy_errors.py` and `test_proxy_transparency.py`:
+the `faults` proxy, its verifiers and its faulty upstream. Each module that asks for them gets its own.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def qwen_proxy(qwen_verifier: Process, log_dir: Path) -> Iterator[Process]:
     process.stop()
 
 
-# -- the faults proxy (test_proxy_errors.py) --------------------------------------------------------
+# -- the faults proxy (test_proxy_errors.py, test_proxy_transparency.py) ----------------------------
 
 
 @pytest.fixture(scope="module")

@@ -1,25 +1,14 @@
-"""The vLLM target against a real vLLM (`pytest -m vllm`): SmolLM2-135M on a CPU vLLM.
-
-The server comes from scripts/start_vllm.sh (set-up included: minutes the first time), or from
-SPECULOOS_VLLM_URL when set. The reference is vLLM itself: its own greedy generation, its own
-chat template. vLLM scores a prompt in one batched pass and generates one token at a time; in
-float32 the two differ by about 5e-5 in logprob here, so values are compared within
-LOGPROB_TOLERANCE and an argmax may differ only where the top two are that close. Async tests
-make their plain HTTP calls in a thread: a blocked event loop would miss vLLM closing idle
-keep-alive connections (after 5 s) and reuse a dead one.
-"""
+"""The vLLM target, and the proxy in front of it, against a real vLLM (`pytest -m vllm`): SmolLM2-135M on a CPU."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import re
-import signal
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import openai
 import pytest
@@ -32,15 +21,24 @@ from proxy.targets.vllm import VLLMTarget
 from proxy.wire.request import CHAT, COMPLETION
 from tests import support as http
 from tests.e2e.servers import REPO, SMOL, Process, free_port, start_proxy
+from tests.e2e.vllm_harness import (
+    LOGPROB_TOLERANCE,
+    MODEL,
+    TOP_N,
+    assert_same_position,
+    divergence_margin,
+    greedy,
+    stop_group,
+)
 
 pytestmark = pytest.mark.vllm
 
-MODEL = "smollm2-135m"  # the name scripts/start_vllm.sh serves it under
+# The reference is vLLM itself: its own greedy generation, its own chat template. Async tests make their plain
+# HTTP calls in a thread: a blocked event loop would miss vLLM closing idle keep-alive connections (after 5 s)
+# and reuse a dead one.
+
 SETUP_AND_START_TIMEOUT_S = 1800  # first run: install (about 3 min), convert (30 s), start (about 40 s)
-STOP_TIMEOUT_S = 30.0
-LOGPROB_TOLERANCE = 1e-3  # batched prompt scoring vs one-token decoding, float32: about 5e-5 measured
 DEFAULT_MAX_LOGPROBS = 20  # vLLM's --max-logprobs default; the script does not change it
-TOP_N = 5
 K = 4
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time, in a small village,"]
@@ -51,20 +49,6 @@ CHATS = [
      {"role": "user", "content": "Write a haiku about the sea. Ünïcödé 🙂 数学"}],
     [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}],
 ]
-
-
-def stop_group(pid_file: Path) -> None:
-    """Terminate the server's process group (the script made it one), then kill what is left."""
-    pid = int(pid_file.read_text())
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    try:
-        os.killpg(pid, signal.SIGTERM)
-        while time.monotonic() < deadline:
-            os.killpg(pid, 0)
-            time.sleep(0.5)
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 @pytest.fixture(scope="session")
@@ -94,33 +78,6 @@ async def target(vllm_url: str) -> AsyncIterator[VLLMTarget]:
     upstream = Upstream(vllm_url, Timeouts(first_byte=300))
     yield VLLMTarget(upstream)
     await upstream.close()
-
-
-def greedy(url: str, prompt: list[int], max_tokens: int,
-           top_n: int = TOP_N) -> tuple[list[int], list[dict[int, float]]]:
-    """vLLM's own greedy tokens and, per step, its top logprobs by id."""
-    reply = http.post_json(url + "/v1/completions", {
-        "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-        "logprobs": top_n, "return_token_ids": True, "return_tokens_as_token_ids": True})
-    assert reply.status == 200, reply.body
-    choice = reply.json()["choices"][0]
-    tops = [{int(key.removeprefix("token_id:")): value for key, value in step.items()}
-            for step in choice["logprobs"]["top_logprobs"]]
-    return choice["token_ids"], tops
-
-
-def assert_same_position(scored: Any, generated: int, generated_top: dict[int, float]) -> None:
-    """Our parse of one position agrees with what vLLM's generation saw there."""
-    top = dict(zip(scored.top_ids.tolist(), scored.top_logprobs.tolist(), strict=True))
-    if scored.argmax != generated:
-        margin = abs(top[scored.argmax] - generated_top[generated])
-        assert margin < LOGPROB_TOLERANCE, f"argmax {scored.argmax} vs generated {generated}, margin {margin}"
-    assert len(top) == TOP_N
-    best_generated = sorted(generated_top.values(), reverse=True)[:TOP_N]
-    assert sorted(top.values(), reverse=True) == pytest.approx(best_generated, abs=LOGPROB_TOLERANCE)
-    for token, logprob in top.items():
-        if token in generated_top:
-            assert logprob == pytest.approx(generated_top[token], abs=LOGPROB_TOLERANCE)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -230,19 +187,6 @@ def vllm_proxy(vllm_url: str, log_dir: Path) -> Iterator[Process]:
     process = start_proxy(routes, log_dir)
     yield process
     process.stop()
-
-
-def divergence_margin(url: str, prompt_ids: list[int], expected: list[int], actual_text: str) -> tuple[int, float]:
-    """The first of vLLM's tokens the proxy's text lacks, and vLLM's top-two margin there."""
-    index = 0
-    while index < len(expected):
-        text = http.post_json(url + "/detokenize", {"model": MODEL, "tokens": expected[: index + 1]}).json()["prompt"]
-        if not actual_text.startswith(text):
-            break
-        index += 1
-    _, tops = greedy(url, prompt_ids + expected[:index], 1, top_n=2)
-    first, second = sorted(tops[0].values(), reverse=True)[:2]
-    return index, first - second
 
 
 @pytest.mark.parametrize("messages", CHATS)

@@ -1,15 +1,14 @@
-"""`speculoos bench`: the pure parts as tables (the run against real processes is in tests/e2e)."""
+"""`speculoos bench` without servers, as tables: statistics, modes and schedule, reports, workloads, the command."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from proxy.bench import cli, report, runner, simulate
+from proxy.bench import cli, report, runner
 from proxy.bench.stats import (
     Costs,
     Sample,
@@ -153,60 +152,6 @@ def test_schedule_interleaves_and_rotates() -> None:
     assert [g[0].target for g in groups] == ["direct", "auto", "k=2", "auto", "k=2", "off"]
 
 
-# -- simulation -----------------------------------------------------------------------------------
-
-GPU = simulate.cost_model("gpu", draft_ms=1.0, verify_ms_flat=10.0)
-
-
-def test_replay_times_each_round() -> None:
-    request = simulate.TracedRequest("w", "k=4", ((4, 4), (4, 0)))
-    result = simulate.replay(request, GPU)
-    assert (result.tokens, result.speculative_ms, result.plain_ms) == (6, 28.0, 60.0)
-    with_rtt = simulate.replay(request, replace(GPU, rtt_ms=5.0))
-    assert (with_rtt.speculative_ms, with_rtt.plain_ms) == (38.0, 65.0)  # RTT per round vs once per request
-
-
-def test_simulate_rows_compare_replay_with_the_formula() -> None:
-    bursty = simulate.TracedRequest("w", "k=4", ((4, 4), (4, 0)))
-    perfect = simulate.TracedRequest("w", "k=2", ((2, 2), (2, 2), (1, 1)), plain_tokens=2)
-    rows = {r.mode: r for r in simulate.simulate([bursty, perfect], GPU)}
-    assert rows["k=4"].speedup == pytest.approx(60 / 28)
-    assert rows["k=4"].formula_speedup == pytest.approx((1 - 0.5 ** 5) / 0.5 / 14 * 10)  # α 0.5: i.i.d. is worse
-    assert rows["k=2"].alpha == 1.0 and rows["k=2"].tokens_per_round == pytest.approx(8 / 3)
-    assert rows["k=2"].speedup == pytest.approx(10 * 10 / (12 + 12 + 11 + 2 * 10))
-
-
-@pytest.mark.parametrize(("name", "numbers", "message"), [
-    ("gpu", {"draft_ms": 1.0}, "give --verify-ms-flat"),
-    ("gpu", {"draft_ms": 1.0, "verify_ms_flat": 5.0, "verify_ms_per_token": 1.0}, "no --verify-ms-per-token"),
-    ("cpu", {"draft_ms": 1.0, "verify_ms_flat": 5.0}, "give --verify-ms-per-token"),
-    ("custom", {"verify_ms_flat": 5.0}, "--draft-ms is required"),
-    ("custom", {"draft_ms": 1.0}, "must cost time"),
-    ("tpu", {"draft_ms": 1.0}, "one of gpu, cpu, custom"),
-])
-def test_cost_model_rejects(name: str, numbers: dict, message: str) -> None:
-    with pytest.raises(simulate.SimulationError, match=message):
-        simulate.cost_model(name, **numbers)
-
-
-def test_cpu_cost_model_charges_per_evaluated_token() -> None:
-    model = simulate.cost_model("cpu", draft_ms=2.0, verify_ms_per_token=10.0, rtt_ms=1.0)
-    assert (model.verify_ms(4), model.round_ms(4), model.plain_ms) == (50.0, 59.0, 10.0)
-
-
-def test_trace_round_trip_and_refusals() -> None:
-    samples = [sample("k=2", extension={**extension(2, 4, 3), "round_trace": [[2, 2], [2, 1]]}),
-               sample("direct"), sample("k=2", prompt=1, extension=extension(1, 2, 0))]
-    trace = json.loads(json.dumps(report.trace_json(samples, {"modes": ["k=2"]}, None)))
-    assert [r["rounds"] for r in trace["requests"]] == [[[2, 2], [2, 1]], None]
-    (request,) = simulate.parse_trace(trace, "t.json")  # the request without rounds is left out
-    assert request.rounds == ((2, 2), (2, 1))
-    with pytest.raises(simulate.SimulationError, match="no request has per-round data"):
-        simulate.parse_trace({**trace, "requests": trace["requests"][1:]}, "t.json")
-    with pytest.raises(simulate.SimulationError, match="not a trace"):
-        simulate.parse_trace({"rows": []}, "t.json")
-
-
 # -- reports --------------------------------------------------------------------------------------
 
 def test_bench_markdown_and_json() -> None:
@@ -221,15 +166,6 @@ def test_bench_markdown_and_json() -> None:
     assert document["simulation"] is False and document["identity"]["differ"] == 1
     assert set(document["rows"][1]) >= {"tokens_per_second", "ttft_ms", "itl_ms", "alpha", "tokens_per_round",
                                         "predicted_speedup", "efficiency", "speedup"}
-
-
-def test_simulation_outputs_are_labelled(tmp_path: Path) -> None:
-    rows = simulate.simulate([simulate.TracedRequest("w", "k=4", ((4, 3),))], GPU)
-    text = report.simulation_markdown(rows, simulate.describe(GPU))
-    assert text.startswith("### SIMULATION — cost model gpu: draft 1 ms/token, verify 10 ms flat")
-    document = simulate.as_json(rows, GPU, "t.json")
-    assert document["label"] == "SIMULATION" and document["simulation"] is True
-    assert all(row["label"] == "SIMULATION" for row in document["rows"])
 
 
 def test_chart_writes_a_png(tmp_path: Path) -> None:
@@ -294,15 +230,3 @@ def test_unreachable_url_is_one_line_and_exit_1(capsys: pytest.CaptureFixture) -
     error = capsys.readouterr().err
     assert error.startswith(f"speculoos bench: cannot reach the upstream (--direct) at {url}/v1/models")
     assert error.count("\n") == 1
-
-
-def test_simulate_command(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    trace = {"format": simulate.TRACE_FORMAT, "requests": [
-        {"workload": "w", "mode": f"k={k}", "rounds": [[k, k - 1]] * 5} for k in (1, 2, 4)]}
-    (tmp_path / "trace.json").write_text(json.dumps(trace))
-    assert bench("--simulate", str(tmp_path / "trace.json"), "--cost-model", "gpu", "--draft-ms", "2",
-                 "--verify-ms-flat", "25", "--rtt-ms", "10", "--json", str(tmp_path / "sim.json")) == 0
-    assert "### SIMULATION — cost model gpu" in capsys.readouterr().out
-    assert json.loads((tmp_path / "sim.json").read_text())["label"] == "SIMULATION"
-    assert bench("--simulate", str(tmp_path / "trace.json"), "--cost-model", "cpu", "--draft-ms", "2") == 1
-    assert "give --verify-ms-per-token" in capsys.readouterr().err

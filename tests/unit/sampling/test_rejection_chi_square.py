@@ -1,0 +1,131 @@
+"""Tests for proxy.sampling.rejection by seeded chi-square, with negative controls: full and folded vocabularies."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from scipy import stats
+
+from proxy.sampling.rejection import KnownSupport, RoundResult, acceptance_probs, sample, verify, verify_on_support
+
+SIGNIFICANCE = 1e-3
+CHI_SQUARE_ROUNDS = 20_000
+
+Verifier = Callable[[np.ndarray, np.ndarray, np.ndarray, np.random.Generator], RoundResult]
+
+
+# Seeded chi-square of the emitted tokens per position, with a negative control.
+
+CHI_DRAFT = np.array(
+    [
+        [0.40, 0.30, 0.10, 0.10, 0.10, 0.00],
+        [0.05, 0.05, 0.50, 0.20, 0.10, 0.10],
+        [0.00, 0.20, 0.20, 0.20, 0.20, 0.20],
+    ]
+)
+CHI_TARGET = np.array(
+    [
+        [0.10, 0.30, 0.20, 0.00, 0.20, 0.20],
+        [0.30, 0.10, 0.30, 0.10, 0.10, 0.10],
+        [0.25, 0.25, 0.10, 0.10, 0.00, 0.30],
+        [0.10, 0.20, 0.30, 0.20, 0.10, 0.10],
+    ]
+)
+
+
+def _verify_argmax_on_reject(
+    draft_tokens: np.ndarray, draft_probs: np.ndarray, target_probs: np.ndarray, rng: np.random.Generator
+) -> RoundResult:
+    """The common bug: on rejection emit the target's argmax instead of sampling the residual."""
+    positions = np.arange(len(draft_tokens))
+    drafted_at = (positions, draft_tokens)
+    accept = acceptance_probs(target_probs[drafted_at], draft_probs[drafted_at])
+    drafted = tuple(int(t) for t in draft_tokens)
+    for position, (u, chance) in enumerate(zip(rng.random(len(draft_tokens)), accept, strict=True)):
+        if u >= chance:
+            return RoundResult(position, int(np.argmax(target_probs[position])), drafted)
+    return RoundResult(len(drafted), sample(target_probs[-1], rng), drafted)
+
+
+def _per_position_p_values(verifier: Verifier, seed: int) -> list[float]:
+    """Chi-square p-value of each emitted position against that position's target row."""
+    rng = np.random.default_rng(seed)
+    counts = np.zeros_like(CHI_TARGET)
+    for _ in range(CHI_SQUARE_ROUNDS):
+        draft_tokens = np.array([sample(row, rng) for row in CHI_DRAFT])
+        emitted = verifier(draft_tokens, CHI_DRAFT, CHI_TARGET, rng).emitted
+        counts[np.arange(len(emitted)), emitted] += 1
+    p_values = []
+    for observed, target_row in zip(counts, CHI_TARGET, strict=True):
+        support = target_row > 0
+        assert observed[~support].sum() == 0, "emitted a token the target gives probability 0"
+        expected = target_row[support] * observed.sum()
+        p_values.append(float(stats.chisquare(observed[support], expected).pvalue))
+    return p_values
+
+
+def test_emitted_tokens_follow_target_per_position() -> None:
+    p_values = _per_position_p_values(verify, seed=20_230_518)
+    assert min(p_values) >= SIGNIFICANCE, p_values
+
+
+def test_argmax_on_reject_negative_control_fails_the_same_test() -> None:
+    p_values = _per_position_p_values(_verify_argmax_on_reject, seed=20_230_518)
+    assert min(p_values) < SIGNIFICANCE**2, p_values
+
+
+# --- the folded vocabulary (KnownSupport): what the verifier's draft_support extension feeds ---
+
+def _fold(target_row: np.ndarray, draft_rows: np.ndarray, target_rows: np.ndarray, draft_tokens: list[int],
+          rng: np.random.Generator, outside_sampler: object) -> KnownSupport:
+    """Build a KnownSupport as the verifier does: draft support ids, target probs on them, an outside draw."""
+
+    k, vocab = draft_rows.shape
+    width = max(int(np.count_nonzero(row)) for row in draft_rows)
+    ids = np.full((k + 1, width), -1, dtype=np.int64)
+    target = np.zeros((k + 1, width))
+    draft = np.zeros((k, width))
+    outside_mass = np.zeros(k + 1)
+    outside_tokens = np.full(k + 1, -1, dtype=np.int64)
+    for position in range(k):
+        support = np.flatnonzero(draft_rows[position])
+        ids[position, : support.size] = support
+        target[position, : support.size] = target_rows[position, support]
+        draft[position, : support.size] = draft_rows[position, support]
+        rest = target_rows[position].copy()
+        rest[support] = 0.0
+        outside_mass[position] = rest.sum()
+        outside_tokens[position] = outside_sampler(rest, rng) if rest.sum() > 0 else -1
+    outside_mass[k] = 1.0
+    outside_tokens[k] = sample(target_rows[k], rng)
+    return KnownSupport(ids, draft, target, outside_mass, outside_tokens)
+
+
+def _first_token_counts(outside_sampler, rounds: int = 20_000) -> tuple[np.ndarray, np.ndarray]:
+
+    rng = np.random.default_rng(20261121)
+    vocab, k = 8, 2
+    target_rows = np.array([[0.30, 0.25, 0.15, 0.10, 0.08, 0.06, 0.04, 0.02]] * (k + 1))
+    draft_full = np.array([0.05, 0.40, 0.05, 0.30, 0.05, 0.05, 0.05, 0.05])
+    draft_row = np.zeros(vocab)
+    draft_row[[1, 3, 0]] = draft_full[[1, 3, 0]]  # the draft's top 3, renormalised (a truncated support)
+    draft_row /= draft_row.sum()
+    draft_rows = np.stack([draft_row] * k)
+    counts = np.zeros(vocab)
+    for _ in range(rounds):
+        tokens = [sample(draft_rows[i], rng) for i in range(k)]
+        support = _fold(target_rows[0], draft_rows, target_rows, tokens, rng, outside_sampler)
+        counts[verify_on_support(tokens, support, rng).emitted[0]] += 1
+    return counts, target_rows[0] * rounds
+
+
+def test_folded_support_first_token_follows_the_target() -> None:
+    counts, expected = _first_token_counts(lambda rest, rng: sample(rest, rng))
+    assert stats.chisquare(counts, expected).pvalue > 1e-3
+
+
+def test_folded_support_negative_control_biased_outside_draw_fails() -> None:
+    # A verifier that draws the outside token as the most likely one instead of sampling it.
+    counts, expected = _first_token_counts(lambda rest, rng: int(np.argmax(rest)))
+    assert stats.chisquare(counts, expected).pvalue < 1e-6
