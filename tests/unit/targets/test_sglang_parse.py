@@ -13,7 +13,6 @@ from proxy.errors import UpstreamUnavailableError
 from proxy.targets.sglang import parse_support, parse_verification
 from tests.fakes.toy_model import VOCAB
 
-
 # Parsing: a top-N answer.
 
 
