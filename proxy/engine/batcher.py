@@ -34,7 +34,11 @@ class StepBatcher:
     async def _drain(self) -> None:
         try:
             while self._queued:
-                batch, self._queued = self._queued, []
+                # A caller that went away (a client that hung up) has cancelled its future: its step is
+                # dropped, and its sequence may already serve another request.
+                batch, self._queued = [(s, f) for s, f in self._queued if not f.done()], []
+                if not batch:
+                    continue
                 try:
                     results = await self._runner.run(self._runner.engine.evaluate_steps, [s for s, _ in batch])
                 except Exception as exc:  # every caller in the decode sees its failure

@@ -76,3 +76,19 @@ async def test_a_failed_decode_fails_its_callers_and_a_bad_step_fails_alone() ->
     with pytest.raises(BadRequestError):
         await batcher.evaluate(2, [], 0)
     assert engine.decodes == [[0, 1]]  # the bad step never reached the engine
+
+
+async def test_a_caller_that_left_is_dropped_and_its_sequence_serves_the_next(engine: RecordingEngine) -> None:
+    batcher = StepBatcher(EngineRunner(engine))  # type: ignore[arg-type]
+    engine.gate.clear()
+    running = asyncio.create_task(batcher.evaluate(0, [1], 0))
+    await asyncio.sleep(0.01)  # a decode holds the engine; the next steps queue
+    gone = asyncio.create_task(batcher.evaluate(1, [1], 0))
+    await asyncio.sleep(0.01)
+    gone.cancel()  # its client hung up; sequence 1 goes to another request
+    successor = asyncio.create_task(batcher.evaluate(1, [1, 2], 1))
+    await asyncio.sleep(0.01)
+    engine.gate.set()
+    await running
+    assert (await successor).logits[0, 0] == 1.0
+    assert engine.decodes == [[0], [1]]  # the departed step never reached the engine
