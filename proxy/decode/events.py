@@ -61,10 +61,6 @@ class Publisher:
     def __init__(self, subscribers: Sequence[Subscriber] = ()) -> None:
         self._subscribers = list(subscribers)
 
-    def subscribe(self, subscriber: Subscriber) -> None:
-        """Add a subscriber; it sees the events published from now on."""
-        self._subscribers.append(subscriber)
-
     def __call__(self, event: Event) -> None:
         for subscriber in self._subscribers:
             subscriber(event)

@@ -50,6 +50,8 @@ class SequenceLeases:
         free = [seq for seq, busy in enumerate(self._busy) if not busy]
         if not free:
             return None
+        # held() may lag a decode running on the engine thread: the choice can be slightly stale, never
+        # wrong, since the engine reuses only what a sequence really holds when it evaluates.
         shared = {seq: common_prefix_length(self._held(seq), context) for seq in free}
         best = max(free, key=lambda s: (shared[s], -self._last_used[s]))
         oldest = min(free, key=lambda s: self._last_used[s])
