@@ -34,6 +34,8 @@ def passthrough_reason(route: RouteSnapshot, request: GenerationRequest, control
         return "client opted out"
     if request.unsupported:
         return "parameters only the upstream can honour: " + ", ".join(request.unsupported)
+    if (prompt := route.target.prompt_problem(request)) is not None:
+        return f"cannot tokenize: {prompt}"
     params, spec = request.sampling_params, route.speculation
     problem = route.target.exactness_problem(params, spec.top_logprobs)
     if problem is not None and spec.sampling == "exact":

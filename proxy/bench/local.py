@@ -41,14 +41,27 @@ def _start(args: Sequence[str], log: Path, ready: str) -> subprocess.Popen:
     raise RuntimeError(f"speculoos {args[0]} did not answer {ready} within {START_TIMEOUT_S:g} s")
 
 
+def routes_yaml(verifier_port: int, draft: str, *, threads: int, parallel: int, kinds: Sequence[str] = (),
+                live: bool = False) -> str:
+    """One route, `local`, drafting with the model; or one route per draft kind, named and matched by the kind."""
+    upstream = f"    upstream: {{url: 'http://127.0.0.1:{verifier_port}'}}\n"
+    server = "server: {live: true}\n" if live else ""
+    if not kinds:
+        return (f"{server}routes:\n  - name: local\n{upstream}"
+                f"    draft: {{model: {draft}, threads: {threads}, parallel: {parallel}}}\n")
+    return server + "routes:\n" + "".join(
+        f"  - name: {kind}\n    match: {{model: {kind}}}\n{upstream}"
+        f"    draft: {{kind: {kind}, model: {draft}, threads: {threads}, parallel: {parallel}}}\n" for kind in kinds)
+
+
 @contextmanager
 def local_stack(target: str, draft: str, *, parallel: int = 4, threads: int = 1, verifier_port: int = 18001,
-                proxy_port: int = 18080, verifier_args: Sequence[str] = ()) -> Iterator[LocalStack]:
-    """Start `speculoos verifier` for target and `speculoos serve` with draft in front of it."""
+                proxy_port: int = 18080, verifier_args: Sequence[str] = (), kinds: Sequence[str] = (),
+                live: bool = False) -> Iterator[LocalStack]:
+    """Start `speculoos verifier` for target and `speculoos serve` with draft in front of it (a route per kind)."""
     folder = Path(tempfile.mkdtemp(prefix="speculoos-bench-"))
     routes = folder / "routes.yaml"
-    routes.write_text(f"routes:\n  - name: local\n    upstream: {{url: 'http://127.0.0.1:{verifier_port}'}}\n"
-                      f"    draft: {{model: {draft}, threads: {threads}, parallel: {parallel}}}\n")
+    routes.write_text(routes_yaml(verifier_port, draft, threads=threads, parallel=parallel, kinds=kinds, live=live))
     verifier = _start(["verifier", "--model", target, "--port", str(verifier_port), "--threads", str(threads),
                        "--parallel", str(parallel), *verifier_args], folder / "verifier.log",
                       f"http://127.0.0.1:{verifier_port}/health")

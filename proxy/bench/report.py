@@ -96,7 +96,7 @@ def load_json(rows: Sequence[Any], identity: Identity, bursts: Sequence[Any], co
 
 
 def trace_json(samples: Sequence[Sample], config: Mapping[str, Any], status: Mapping[str, Any] | None) -> dict:
-    """Per speculative request, its rounds as [drafted, accepted] (None where the proxy did not report them)."""
+    """Per speculative request, its rounds as [drafted, accepted(, "lookup")] (None where the proxy did not report them)."""
     requests = []
     for s in samples:
         if s.ok and s.speculative and s.extension is not None:
@@ -104,6 +104,7 @@ def trace_json(samples: Sequence[Sample], config: Mapping[str, Any], status: Map
             requests.append({"workload": s.workload, "mode": s.mode, "prompt": s.prompt, "repetition": s.repetition,
                              "greedy": s.greedy, "completion_tokens": s.completion_tokens,
                              "plain_tokens": s.extension.get("plain_tokens") or 0,
+                             "plain_calls": s.extension.get("lookup_misses") or 0,
                              "drafted": s.extension.get("drafted"), "accepted": s.extension.get("accepted"),
                              "rounds": rounds})
     return {"format": TRACE_FORMAT, "schema": SCHEMA_VERSION, "config": dict(config),

@@ -1,12 +1,14 @@
 """SIMULATION: replay recorded per-round acceptance under a stated cost model.
 
 A trace (written by `speculoos bench --record-trace`) lists, per speculative request, each round
-as [drafted, accepted]; a round emits accepted + 1 tokens. Under a cost model
-    round      drafted · draft_ms + verify_ms(drafted) + rtt_ms
+as [drafted, accepted], or [drafted, accepted, "lookup"] for a lookup draft, which costs no draft
+time; a round emits accepted + 1 tokens. Under a cost model
+    round      drafted · draft_ms (model drafts) + verify_ms(drafted) + rtt_ms
     verify_ms  verify_ms_flat + verify_ms_per_token · (drafted + 1)     (tokens evaluated)
     plain      rtt_ms once per request + plain_ms per token              (streamed decoding)
 a request's speedup is its plain time ÷ its speculative time for the same tokens. Tokens a request
-decoded plainly after a mid-stream switch cost plain_ms each. Prefill is left out of both sides.
+decoded plainly (after a switch, or in chunks after lookup misses) cost plain_ms each, and each
+chunk after a miss one more round trip. Prefill is left out of both sides.
 The `formula` column is Leviathan's i.i.d. prediction from the same rounds' α and mean K under the
 same costs: where replay and formula differ, acceptance was not independent from round to round.
 """
@@ -44,9 +46,9 @@ class CostModel:
         """One verification pass over `drafted` drafts and the bonus position."""
         return self.verify_ms_flat + self.verify_ms_per_token * (drafted + 1)
 
-    def round_ms(self, drafted: float) -> float:
-        """One speculative round."""
-        return drafted * self.draft_ms + self.verify_ms(drafted) + self.rtt_ms
+    def round_ms(self, drafted: float, *, lookup: bool = False) -> float:
+        """One speculative round (a lookup draft costs no draft time)."""
+        return (0.0 if lookup else drafted * self.draft_ms) + self.verify_ms(drafted) + self.rtt_ms
 
 
 def cost_model(name: str, *, draft_ms: float | None = None, verify_ms_flat: float | None = None,
@@ -80,7 +82,9 @@ class TracedRequest:
     workload: str
     mode: str
     rounds: tuple[tuple[int, int], ...]  # (drafted, accepted) per round
-    plain_tokens: int = 0  # decoded plainly after a mid-stream switch
+    plain_tokens: int = 0  # decoded plainly after a mid-stream switch or a lookup miss
+    lookups: tuple[bool, ...] = ()  # per round: drafted by lookup (no draft time)
+    plain_calls: int = 0  # plain chunks after lookup misses, each a round trip
 
 
 def parse_trace(document: Any, source: str) -> list[TracedRequest]:
@@ -92,10 +96,11 @@ def parse_trace(document: Any, source: str) -> list[TracedRequest]:
         rounds = entry.get("rounds")
         if rounds is None:
             continue  # the proxy did not report per-round acceptance for this request
-        if not all(isinstance(r, list) and len(r) == 2 and 0 <= r[1] <= r[0] for r in rounds):
-            raise SimulationError(f"{source}: requests[{i}].rounds must be [drafted, accepted] pairs")
-        requests.append(TracedRequest(entry["workload"], entry["mode"], tuple((int(d), int(a)) for d, a in rounds),
-                                      int(entry.get("plain_tokens") or 0)))
+        if not all(isinstance(r, list) and len(r) in (2, 3) and 0 <= r[1] <= r[0] for r in rounds):
+            raise SimulationError(f"{source}: requests[{i}].rounds must be [drafted, accepted(, source)] entries")
+        requests.append(TracedRequest(entry["workload"], entry["mode"], tuple((int(r[0]), int(r[1])) for r in rounds),
+                                      int(entry.get("plain_tokens") or 0), tuple(len(r) == 3 for r in rounds),
+                                      int(entry.get("plain_calls") or 0)))
     if not requests:
         raise SimulationError(f"{source}: no request has per-round data (the proxy's `speculoos` object "
                               f"must carry round_trace)")
@@ -119,7 +124,10 @@ class Replay:
 def replay(request: TracedRequest, model: CostModel) -> Replay:
     """Time one request's rounds, and the same tokens decoded plainly."""
     tokens = sum(accepted + 1 for _, accepted in request.rounds) + request.plain_tokens
-    speculative = sum(model.round_ms(drafted) for drafted, _ in request.rounds) + request.plain_tokens * model.plain_ms
+    lookups = request.lookups or (False,) * len(request.rounds)
+    speculative = (sum(model.round_ms(drafted, lookup=lookup) for (drafted, _), lookup in zip(request.rounds, lookups,
+                                                                                              strict=True))
+                   + request.plain_tokens * model.plain_ms + request.plain_calls * model.rtt_ms)
     return Replay(tokens, speculative, model.rtt_ms + tokens * model.plain_ms)
 
 

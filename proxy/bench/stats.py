@@ -11,8 +11,10 @@ Glossary (one row = one workload in one mode):
                      are predicted at the plain rate.
     efficiency       decode speedup ÷ predicted = measured decode rate ÷ predicted rate: what the
                      formula does not explain (proxy overhead, HTTP, tokenization, cost drift).
-Deviation from the paper: in `auto` mode K varies per round; the prediction uses the mean K
-(drafted ÷ rounds), which E(α, k) accepts as a real number. A `k=N` mode is predicted at N.
+When the proxy reports each request's rounds (round_trace), the prediction replays them: each
+round at the measured verification time of its own K (lookup paths vary from 1 to 32), model
+drafts at the measured draft time, plain chunks at the plain rate. Without a trace it falls back
+to the paper's formula at the mean K (drafted ÷ rounds); a `k=N` mode is predicted at N.
 """
 
 from __future__ import annotations
@@ -131,6 +133,32 @@ def predicted_speedup(alpha: float, k: float, costs: Costs, plain_rate: float,
     return (1.0 / seconds_per_token) / plain_rate
 
 
+def traced_rate(extensions: Sequence[Mapping[str, Any]], costs: Costs, plain_rate: float) -> float | None:
+    """Tokens/s predicted for speculative requests from their own rounds: each round's K at its measured
+    verification time, the model's drafted tokens at its measured draft time, plain chunks at the plain rate.
+
+    Rounds whose K varies (lookup paths of any length) are predicted round by round, not at a mean K.
+    """
+    tokens = seconds = 0.0
+    for extension in extensions:
+        trace = extension.get("round_trace")
+        if not trace:
+            return None
+        for drafted, accepted, *_ in trace:
+            verify = costs.verify_seconds(drafted)
+            if verify is None:
+                return None
+            tokens, seconds = tokens + accepted + 1, seconds + verify
+        model_drafted = int(((extension.get("drafts") or {}).get("model") or {}).get("drafted") or 0)
+        if model_drafted:
+            if costs.draft_seconds_per_token is None:
+                return None
+            seconds += model_drafted * costs.draft_seconds_per_token
+        plain = int(extension.get("plain_tokens") or 0)
+        tokens, seconds = tokens + plain, seconds + plain / plain_rate
+    return tokens / seconds if seconds > 0 else None
+
+
 @dataclass(frozen=True)
 class Row:
     """One workload in one mode."""
@@ -181,6 +209,9 @@ def _row(workload: str, mode: str, samples: Sequence[Sample], baseline: Row | No
     if mode != DIRECT and plain_rate is not None:
         if share == 0.0:
             predicted = 1.0  # everything went the plain way: the ideal is the direct rate
+        elif costs is not None and (rate_traced := traced_rate(extensions, costs, plain_rate)) is not None:
+            share = sum(s.completion_tokens or 0 for s in ok if s.speculative) / all_tokens
+            predicted = 1.0 / (share / rate_traced + (1.0 - share) / plain_rate) / plain_rate
         elif costs is not None and alpha is not None and mean_k is not None:
             # A pinned K drafts fewer only in a generation's last round; auto mode's K varies.
             predicted = predicted_speedup(alpha, pinned_k(mode) or mean_k, costs, plain_rate, share)

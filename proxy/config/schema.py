@@ -34,6 +34,7 @@ class ServerConfig(_Section):
     host: str = Field(default=DEFAULT_HOST, min_length=1)
     port: int = Field(default=8080, ge=0, le=65535)
     max_body_bytes: int = Field(default=8 * MIB, gt=0)
+    live: bool = False  # GET /speculoos/live: shows prompts and outputs, so off unless asked for
 
 
 class MatchConfig(_Section):
@@ -86,11 +87,18 @@ class DraftConfig(_Section):
     """The local GGUF draft model; `model` is a registry name or a .gguf path."""
 
     # model: the GGUF drafts; ngram: prompt lookup only (the GGUF serves as the tokenizer);
-    # hybrid: prompt lookup when the context has a match, the model otherwise.
-    kind: Literal["model", "ngram", "hybrid"] = "model"
+    # suffix: suffix lookup over the request and the route's recent outputs (no model runs);
+    # hybrid: suffix lookup when its path is worth verifying, the model otherwise.
+    kind: Literal["model", "ngram", "suffix", "hybrid"] = "model"
     model: str = Field(min_length=1)
     ngram_min: int = Field(default=1, ge=1, le=16)  # shortest context tail matched by prompt lookup
     ngram_max: int = Field(default=3, ge=1, le=16)  # longest
+    k_max: int = Field(default=MAX_K, ge=1, le=MAX_K)  # longest suffix-lookup draft in one round
+    min_token_prob: float = Field(default=0.1, gt=0, le=1)  # a lookup path stops below this estimated probability
+    match_factor: float = Field(default=1.0, gt=0)  # a lookup path is at most this × its match length
+    candidates: int = Field(default=1, ge=1, le=8)  # lookup paths verified per round (branches of the best)
+    share_history: bool = True  # suffix lookup also searches the route's recent outputs
+    history_tokens: int = Field(default=65536, ge=0)  # the history's bound (least recently used dropped)
     threads: int | None = Field(default=None, ge=1)
     ctx: int = Field(default=4096, ge=128)
     gpu_layers: int = Field(default=0, ge=-1)  # -1 offloads every layer

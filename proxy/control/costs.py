@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from proxy.config.schema import MAX_K
 from proxy.decode.events import Event, PlainEvent, RoundEvent
 
 UNMEASURED_ALPHA = 0.5  # a neutral prior before any round was seen
@@ -44,7 +45,9 @@ class RouteCosts:
 
     weight: float  # the EWMA weight of a new observation
     k_max: int  # positions tracked for α per position
-    alpha: Ewma = field(init=False)
+    alpha: Ewma = field(init=False)  # the model draft's
+    lookup_alpha: Ewma = field(init=False)  # lookup drafts'
+    lookup_survival: list[Ewma] = field(init=False)  # per position j: a lookup path was right up to j
     alpha_per_position: list[Ewma] = field(init=False)
     draft_per_token: Ewma = field(init=False)
     verify_by_k: dict[int, Ewma] = field(init=False)
@@ -52,6 +55,8 @@ class RouteCosts:
 
     def __post_init__(self) -> None:
         self.alpha = Ewma(self.weight)
+        self.lookup_alpha = Ewma(self.weight)
+        self.lookup_survival = [Ewma(self.weight) for _ in range(MAX_K)]
         self.alpha_per_position = [Ewma(self.weight) for _ in range(self.k_max)]
         self.draft_per_token = Ewma(self.weight)
         self.verify_by_k = {}
@@ -61,20 +66,28 @@ class RouteCosts:
         """Fold in a speculative generation's round or plain chunk."""
         if isinstance(event, RoundEvent):
             self.record_round(len(event.drafted), event.accepted, event.draft_seconds, event.verify_seconds,
-                              costs=event.warm)
+                              costs=event.warm and event.candidates == 1, lookup=event.source != "model")
         elif isinstance(event, PlainEvent):
             self.record_plain(len(event.tokens), event.seconds)
 
     def record_round(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float,
-                     *, costs: bool = True) -> None:
-        """One speculative round's outcome, and its costs unless they include a prefill (costs=False)."""
-        if k > 0:
+                     *, costs: bool = True, lookup: bool = False) -> None:
+        """One round's outcome, and its costs unless they include a prefill or several candidates (costs=False).
+
+        α and the draft's time per token describe the model draft (what K is chosen for); lookup
+        rounds have their own α, and every round measures verification time by K.
+        """
+        if k > 0 and lookup:
+            self.lookup_alpha.add(accepted / k)
+            for position in range(min(k, len(self.lookup_survival))):
+                self.lookup_survival[position].add(1.0 if position < accepted else 0.0)
+        elif k > 0:
             self.alpha.add(accepted / k)
             for position in range(min(k, len(self.alpha_per_position))):
                 self.alpha_per_position[position].add(1.0 if position < accepted else 0.0)
         if not costs:
             return
-        if k > 0:
+        if k > 0 and not lookup:
             self.draft_per_token.add(draft_seconds / k)
         self.verify_by_k.setdefault(k, Ewma(self.weight)).add(verify_seconds)
 
@@ -82,6 +95,10 @@ class RouteCosts:
         """Target-only decoding: a passthrough answer or a plain chunk after a mid-stream switch."""
         if tokens >= MIN_PLAIN_TOKENS and seconds > 0:
             self.plain_per_token.add(seconds / tokens)
+
+    def verified_sizes(self) -> int:
+        """How many different K have a measured verification time."""
+        return sum(e.value is not None for e in self.verify_by_k.values())
 
     def verify_time(self, k: int) -> float | None:
         """Predicted verification time for k drafts: measured, or a line fitted through what was measured."""
@@ -113,3 +130,10 @@ class RouteCosts:
         """Measured target-only tokens/s."""
         value = self.plain_per_token.value
         return 1.0 / value if value else None
+
+    def plain_rate_estimate(self) -> float | None:
+        """The plain rate, or until it is measured, one token per verification of no draft (a plain step)."""
+        if self.plain_rate is not None:
+            return self.plain_rate
+        step = self.verify_time(0)
+        return 1.0 / step if step else None

@@ -11,10 +11,12 @@ writes the route's decision.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.config.schema import FallbackConfig
 from proxy.control.costs import RouteCosts
+from proxy.control.lookup import MIN_PLAIN_CHUNK, LookupOdds
 from proxy.decode.events import Event, RoundEvent
 
 PASSTHROUGH_K = 0
@@ -66,6 +68,14 @@ class PinnedPolicy:
     def observe(self, event: Event) -> None:
         """Nothing to learn."""
 
+    def lookup_length(self, probs: Sequence[float]) -> int:
+        """Every token of the path (capped at the pinned K by the plan)."""
+        return len(probs)
+
+    def plain_chunk(self) -> int:
+        """The shortest chunk: look again soon."""
+        return MIN_PLAIN_CHUNK
+
 
 class RequestPolicy:
     """One request's K each round, from its own acceptance so far and the route's costs."""
@@ -75,14 +85,31 @@ class RequestPolicy:
         self._costs, self._settings, self._configured_k = costs, settings, configured_k
         self._forced = forced  # the client asked to speculate: never switch to plain decoding
         self.current = start  # the route's decision when the request started
-        self.rounds = self.drafted = self.accepted = 0
+        self.rounds = self.drafted = self.accepted = 0  # drafted and accepted: the model draft's
+        self.lookup = LookupOdds(costs)
 
     def observe(self, event: Event) -> None:
-        """Count this request's rounds."""
+        """Count this request's rounds (the model's acceptance apart) and its lookups."""
         if isinstance(event, RoundEvent):
             self.rounds += 1
-            self.drafted += len(event.drafted)
-            self.accepted += event.accepted
+            if event.source == "model":
+                self.drafted += len(event.drafted)
+                self.accepted += event.accepted
+        self.lookup.observe(event)
+
+    def lookup_length(self, probs: Sequence[float]) -> int:
+        """The worthwhile prefix of a lookup path, against plain decoding and the model draft."""
+        competing = [r for r in (self._costs.plain_rate_estimate(), self._model_rate()) if r is not None]
+        return self.lookup.length(probs, max(competing, default=None))
+
+    def plain_chunk(self) -> int:
+        """Tokens to decode plainly after a lookup miss, from how often this request's lookups hit."""
+        return self.lookup.chunk()
+
+    def _model_rate(self) -> float | None:
+        """The model draft's predicted tokens/s at this request's K (None without a measured model draft)."""
+        alpha = self.accepted / self.drafted if self.drafted else None
+        return self._costs.speculative_rate(self.current.k or self._configured_k, alpha)
 
     def next_k(self) -> Decision:
         """K for the next round; 0 to continue by plain decoding."""

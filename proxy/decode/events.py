@@ -25,6 +25,9 @@ class RoundEvent:
     draft_seconds: float
     verify_seconds: float
     tv_bound: float = 0.0  # bounded sampling: this round's total-variation bound
+    source: str = "model"  # what drafted: "model" or "lookup"
+    candidates: int = 1  # lookup paths verified together (drafted is the one followed)
+    declined: tuple[int, ...] = ()  # a lookup path not verified this round (a model draft went instead)
 
     @property
     def warm(self) -> bool:
@@ -34,12 +37,14 @@ class RoundEvent:
 
 @dataclass(frozen=True)
 class PlainEvent:
-    """One chunk of plain decoding on the target, after a switch away from speculation."""
+    """One chunk of plain decoding on the target: after a switch, or when nothing was worth drafting."""
 
     request_id: str
     route: str
     tokens: tuple[int, ...]
     seconds: float
+    lookup_missed: bool = False  # a lookup found nothing worth verifying; speculation resumes after the chunk
+    declined: tuple[int, ...] = ()  # the lookup path found but not verified, to compare with what the target said
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,23 @@
 """The round loop: propose -> score -> accept -> publish, until max_tokens or the end of generation.
 
 The loop does the I/O of a round and publishes one `RoundEvent` per round; the acceptance maths
-is `proxy.sampling.rejection`, a pure function of the two distributions, and what K to draft next
-is the request's policy. It calls nothing above it.
+is `proxy.sampling` (pure functions of the distributions), and what K to draft next is the
+request's policy. When the drafter finds nothing worth verifying, the target decodes a chunk
+plainly instead of verifying an empty draft, and the loop looks again. It calls nothing above it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 
 from proxy.decode.events import RoundEvent, SwitchEvent
-from proxy.decode.plain import plain_tokens
+from proxy.decode.plain import plain_chunk, plain_tokens
 from proxy.decode.session import Session
-from proxy.drafting.base import Drafter
+from proxy.drafting.base import Draft, Drafter
+from proxy.sampling.candidates import verify_candidates
+from proxy.sampling.processors import one_hot
 from proxy.sampling.rejection import verify_on_support
 from proxy.targets.base import Target
 
@@ -22,6 +26,7 @@ async def speculative_tokens(session: Session, drafter: Drafter, target: Target)
     """Yield each round's emitted tokens; continue by plain decoding when the policy says K = 0."""
     context = list(session.prompt_ids)
     produced, index, worst_tv = 0, 0, 0.0
+    is_end = drafter.vocabulary.is_end_of_generation
     while produced < session.max_tokens:
         remaining = session.max_tokens - produced
         decision = session.policy.next_k()
@@ -34,23 +39,45 @@ async def speculative_tokens(session: Session, drafter: Drafter, target: Target)
         # A round emits up to k + 1 tokens; the last round still drafts one so every token goes
         # through the sampler. Cutting a round's output short keeps it exact (each prefix follows
         # the target's distribution).
-        k = min(decision.k, max(remaining - 1, 1))
+        cap = max(remaining - 1, 1)
         started = time.perf_counter()
-        draft = await drafter.propose(context, session.draft_plan(k))
+        draft = await drafter.propose(context, session.draft_plan(min(decision.k, cap), cap))
         drafted_at = time.perf_counter()
-        scores = await target.score(context, draft, session.score_plan())
-        verified_at = time.perf_counter()
-        result = verify_on_support(draft.tokens, scores.support, session.random.accept)
-        emitted = _until_end(result.emitted[:remaining], drafter.vocabulary.is_end_of_generation)
-        worst_tv = max(worst_tv, scores.tv_bound)
-        session.publish(RoundEvent(session.request_id, session.route, index, k, draft.tokens, result.accepted,
-                                   emitted, drafted_at - started, verified_at - drafted_at, scores.tv_bound))
+        if not draft.tokens:
+            tokens = await plain_chunk(session, target, context, min(session.policy.plain_chunk(), remaining),
+                                       lookup_missed=True, declined=draft.declined)
+            emitted = _until_end(tuple(tokens), is_end)
+        else:
+            emitted, accepted, followed, tv_bound = await _verify(session, target, context, draft)
+            emitted = _until_end(emitted[:remaining], is_end)
+            worst_tv = max(worst_tv, tv_bound)
+            session.publish(RoundEvent(session.request_id, session.route, index, len(followed), followed, accepted,
+                                       emitted, drafted_at - started, time.perf_counter() - drafted_at, tv_bound,
+                                       draft.source, 1 + len(draft.alternatives), draft.declined))
+            index += 1
+        if not emitted:
+            return
         produced += len(emitted)
-        index += 1
         yield list(emitted)
-        if emitted and drafter.vocabulary.is_end_of_generation(emitted[-1]):
+        if is_end(emitted[-1]):
             return
         context.extend(emitted)
+
+
+async def _verify(session: Session, target: Target, context: list[int],
+                  draft: Draft) -> tuple[tuple[int, ...], int, tuple[int, ...], float]:
+    """Score the draft (and its alternative paths) and accept exactly: (emitted, accepted, path followed, tv bound)."""
+    if not draft.alternatives:
+        scores = await target.score(context, draft, session.score_plan())
+        result = verify_on_support(draft.tokens, scores.support, session.random.accept)
+        return result.emitted, result.accepted, draft.tokens, scores.tv_bound
+    paths = (draft.tokens, *draft.alternatives)
+    vocab = draft.probs.shape[1]
+    candidates = [Draft(path, one_hot(path, vocab), draft.source) for path in paths]
+    plans = [session.score_plan() for _ in paths]  # drawn in order, so a seeded request's seeds do not depend on timing
+    scored = await asyncio.gather(*(target.score(context, c, plan) for c, plan in zip(candidates, plans, strict=True)))
+    tree = verify_candidates(paths, [s.support for s in scored], session.random.accept)
+    return tree.emitted, tree.accepted, paths[tree.candidate], max(s.tv_bound for s in scored)
 
 
 def _until_end(tokens: tuple[int, ...], is_end: Callable[[int], bool]) -> tuple[int, ...]:

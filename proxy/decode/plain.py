@@ -9,17 +9,24 @@ from proxy.decode.events import PlainEvent
 from proxy.decode.session import Session
 from proxy.targets.base import Target
 
-PLAIN_CHUNK = 8  # tokens per plain-decoding call
+PLAIN_CHUNK = 8  # tokens per plain-decoding call after a switch
+
+
+async def plain_chunk(session: Session, target: Target, context: list[int], n: int, *,
+                      lookup_missed: bool = False, declined: tuple[int, ...] = ()) -> list[int]:
+    """Up to n tokens decoded by the target after context, published as a PlainEvent."""
+    started = time.perf_counter()
+    tokens = await target.generate(context, n, session.params, session.target_seed(), session.client_headers)
+    session.publish(PlainEvent(session.request_id, session.route, tuple(tokens), time.perf_counter() - started,
+                               lookup_missed, declined))
+    return tokens
 
 
 async def plain_tokens(session: Session, target: Target, context: list[int], remaining: int) -> AsyncIterator[list[int]]:
     """Yield chunks decoded by the target until `remaining` tokens or the end of generation."""
     context = list(context)
     while remaining > 0:
-        started = time.perf_counter()
-        tokens = await target.generate(context, min(PLAIN_CHUNK, remaining), session.params, session.target_seed(),
-                                       session.client_headers)
-        session.publish(PlainEvent(session.request_id, session.route, tuple(tokens), time.perf_counter() - started))
+        tokens = await plain_chunk(session, target, context, min(PLAIN_CHUNK, remaining))
         if not tokens:
             return
         yield tokens

@@ -28,6 +28,14 @@ class Policy(Protocol):
         """This request's own events."""
         ...
 
+    def lookup_length(self, probs: Sequence[float]) -> int:
+        """How many tokens of a lookup path are worth verifying (0: none), given each one's estimated probability."""
+        ...
+
+    def plain_chunk(self) -> int:
+        """Tokens to decode plainly when a lookup found nothing, before looking again."""
+        ...
+
 
 @dataclass(frozen=True)
 class RequestRandom:
@@ -62,10 +70,12 @@ class Session:
     publish: Subscriber
     client_headers: dict[str, str] | None = None
     max_tv: float = 0.0  # bounded sampling: a round whose error bound exceeds this ends speculation
+    lookup_k: int = 0  # the longest lookup draft (0: the round's K)
 
-    def draft_plan(self, k: int) -> DraftPlan:
-        """A round's request to the drafter."""
-        return DraftPlan(k, self.params, self.order, self.top_n, self.random.draft, self.request_id)
+    def draft_plan(self, k: int, cap: int) -> DraftPlan:
+        """A round's request to the drafter: k model tokens, lookup paths up to lookup_k (both within cap)."""
+        return DraftPlan(k, self.params, self.order, self.top_n, self.random.draft, self.request_id,
+                         min(self.lookup_k or k, cap), self.policy.lookup_length)
 
     def target_seed(self) -> int:
         """A seed for the next draw the server makes."""

@@ -6,7 +6,7 @@ and their locks stay private to the drafter that owns them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,6 +22,9 @@ class Draft:
     tokens: tuple[int, ...]  # [k]
     probs: np.ndarray  # [k, vocab] float64: the exact distribution each token was sampled from,
     # truncated to the draft's top candidates so the target can be asked about every one of them
+    source: str = "model"  # "model", or "lookup" for deterministic drafts found in the context or history
+    alternatives: tuple[tuple[int, ...], ...] = ()  # more deterministic candidates, verified in the same round
+    declined: tuple[int, ...] = ()  # a lookup path found but judged not worth verifying (the policy learns from it)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -37,6 +40,10 @@ class DraftPlan:
     support_size: int  # candidates kept per position (the target is asked about each)
     rng: np.random.Generator  # the request's drafting stream
     request_id: str = ""  # whose sequence to draft in (drafters that keep per-request state)
+    lookup_k: int = 0  # at most this many tokens for a lookup path (0: k)
+    # How many of a lookup path's tokens are worth verifying, given the estimated probability that
+    # the path is right up to each (0: none; a hybrid drafts with its model instead). None: all.
+    worth: Callable[[Sequence[float]], int] | None = None
 
 
 class Vocabulary(Protocol):

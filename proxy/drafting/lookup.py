@@ -1,4 +1,4 @@
-"""Prompt-lookup drafting: propose what followed the most recent earlier occurrence of the context's tail.
+"""Drafts with no model: prompt lookup (the latest n-gram match), suffix lookup, and suffix lookup before a model.
 
 No model runs: it costs microseconds, which is what makes speculation pay on CPUs and for
 input-grounded work (editing, extraction) where the output copies the prompt. The draft is
@@ -9,10 +9,12 @@ rejection samples p with d removed — the same exact verification as model draf
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from proxy.drafting.base import Draft, Drafter, DraftPlan
+from proxy.drafting.suffix import LookupSettings, OutputHistory, continuations
 from proxy.sampling.processors import one_hot
 
 
@@ -63,15 +65,67 @@ class LookupDrafter:
         self._tokenizer.close()
 
 
-class HybridDrafter(LookupDrafter):
-    """Prompt lookup when the context has a match, the draft model otherwise."""
+class SuffixDrafter(LookupDrafter):
+    """Suffix lookup over the request's own context and, unless kept apart, the route's recent outputs."""
+
+    def __init__(self, tokenizer: Drafter, settings: LookupSettings, *, history_tokens: int = 0) -> None:
+        super().__init__(tokenizer)
+        self.settings = settings
+        self.history = OutputHistory(history_tokens) if history_tokens > 0 else None
+        self._requests: dict[str, tuple[int, Sequence[int]]] = {}  # request id -> (prompt length, latest context)
 
     def reserve(self, request_id: str, context: Sequence[int]) -> bool:
-        """The model's sequence."""
-        return self._tokenizer.reserve(request_id, context)
+        """Remember where the prompt ends, to keep the output for the history."""
+        self._requests[request_id] = (len(context), context)
+        return True
 
     def release(self, request_id: str) -> None:
-        """The model's sequence."""
+        """Add the request's output to the route's history."""
+        prompt_length, context = self._requests.pop(request_id, (0, ()))
+        if self.history is not None:
+            self.history.add(list(context[prompt_length:]))
+
+    async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
+        """The best path (trimmed to what is worth verifying) and its branches, one-hot; possibly nothing."""
+        if plan.request_id in self._requests:
+            self._requests[plan.request_id] = (self._requests[plan.request_id][0], context)
+        paths, declined = self.paths(context, plan)
+        if not paths:
+            return Draft((), one_hot((), self.vocabulary.n_vocab), "lookup", declined=declined)
+        best, *alternatives = paths
+        return Draft(best, one_hot(best, self.vocabulary.n_vocab), "lookup", tuple(alternatives))
+
+    def paths(self, context: Sequence[int], plan: DraftPlan) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
+        """Lookup paths worth verifying, best first (the first from the better of context and history), and the
+        best path when it was found but not worth verifying."""
+        settings = replace(self.settings, max_tokens=min(self.settings.max_tokens, plan.lookup_k or plan.k))
+        query = np.asarray(context, dtype=np.int64)
+        found = continuations(query, query, settings)
+        if self.history is not None:
+            shared = continuations(self.history.corpus(), query, settings)
+            if shared and (not found or shared[0].score > found[0].score):
+                self.history.touch(shared[0].anchor)
+                found = shared
+        paths: list[tuple[int, ...]] = []
+        for path in found:
+            length = plan.worth(path.probs) if plan.worth is not None else len(path.tokens)
+            if length > 0 and path.tokens[:length] not in paths:
+                paths.append(path.tokens[:length])
+            elif not paths:
+                return [], path.tokens  # the best path was not worth verifying: neither are its branches
+        return paths, ()
+
+
+class HybridDrafter(SuffixDrafter):
+    """Suffix lookup when a path is worth verifying, the draft model otherwise (decided every round)."""
+
+    def reserve(self, request_id: str, context: Sequence[int]) -> bool:
+        """The model's sequence (and the prompt's length, for the history)."""
+        return self._tokenizer.reserve(request_id, context) and super().reserve(request_id, context)
+
+    def release(self, request_id: str) -> None:
+        """The model's sequence; the output joins the history."""
+        super().release(request_id)
         self._tokenizer.release(request_id)
 
     def occupancy(self) -> tuple[int, int] | None:
@@ -79,11 +133,11 @@ class HybridDrafter(LookupDrafter):
         return self._tokenizer.occupancy()
 
     async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
-        """Lookup first; fall back to the model when lookup finds nothing."""
+        """Lookup first; the model when lookup finds nothing worth verifying."""
         found = await super().propose(context, plan)
         if len(found):
             return found
-        return await self._tokenizer.propose(context, plan)
+        return replace(await self._tokenizer.propose(context, plan), declined=found.declined)
 
     def fits(self, n_tokens: int) -> bool:
         """The model's context limit applies."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from proxy.decode.events import Event, PlainEvent, RoundEvent, SwitchEvent
@@ -16,12 +17,16 @@ class RequestStats:
     accepted: int = 0
     emitted: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
-    round_trace: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per round
+    round_trace: list[tuple] = field(default_factory=list)  # (drafted, accepted) per round, + "lookup" for lookups
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     max_tv_bound: float = 0.0  # bounded sampling: the largest per-token total-variation bound seen
     switched_to_plain: bool = False  # the generation was continued by plain decoding mid-stream
     plain_tokens: int = 0
+    plain_seconds: float = 0.0
+    lookup_misses: int = 0  # plain chunks decoded because no lookup path was worth verifying
+    by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [rounds, drafted, accepted]
+    plain_rate: Callable[[], float | None] = lambda: None  # the route's measured plain tokens/s
 
     def __call__(self, event: Event) -> None:
         """Add one event of this request."""
@@ -29,13 +34,18 @@ class RequestStats:
             self._add_round(event)
         elif isinstance(event, PlainEvent):
             self.plain_tokens += len(event.tokens)
+            self.plain_seconds += event.seconds
+            self.lookup_misses += event.lookup_missed
         elif isinstance(event, SwitchEvent):
             self.switched_to_plain = True
 
     def _add_round(self, event: RoundEvent) -> None:
         drafted = len(event.drafted)
+        source = self.by_source.setdefault(event.source, [0, 0, 0])
+        source[0], source[1], source[2] = source[0] + 1, source[1] + drafted, source[2] + event.accepted
         self.rounds += 1
-        self.round_trace.append((drafted, event.accepted))
+        self.round_trace.append((drafted, event.accepted) if event.source == "model"
+                                else (drafted, event.accepted, event.source))
         self.drafted += drafted
         self.accepted += event.accepted
         self.emitted += len(event.emitted)
@@ -57,10 +67,21 @@ class RequestStats:
         """τ: tokens emitted per round."""
         return self.emitted / self.rounds if self.rounds else None
 
-    def as_dict(self) -> dict[str, float | int | bool | list | None]:
+    def speed(self) -> dict[str, float | None]:
+        """This generation's decoding rate (prefill included) beside the route's plain rate."""
+        seconds = self.draft_seconds + self.verify_seconds + self.plain_seconds
+        rate = (self.emitted + self.plain_tokens) / seconds if seconds > 0 else None
+        plain = self.plain_rate()
+        return {"tokens_per_second": _round(rate, 2), "plain_tokens_per_second": _round(plain, 2),
+                "vs_plain": _round(rate / plain, 3) if rate and plain else None}
+
+    def as_dict(self) -> dict[str, float | int | bool | list | dict | None]:
         """The JSON extension object."""
         alpha, tau = self.acceptance_rate, self.tokens_per_round
         return {
+            "drafts": {name: {"rounds": r, "drafted": d, "accepted": a, "alpha": _round(a / d if d else None, 4)}
+                       for name, (r, d, a) in self.by_source.items()},
+            "lookup_misses": self.lookup_misses, **self.speed(),
             "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
             "alpha": round(alpha, 4) if alpha is not None else None,
             "tokens_per_round": round(tau, 3) if tau is not None else None,
@@ -69,3 +90,8 @@ class RequestStats:
             "switched_to_plain": self.switched_to_plain, "plain_tokens": self.plain_tokens,
             "round_trace": [list(r) for r in self.round_trace],
         }
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    """A figure for JSON, rounded (None stays None)."""
+    return None if value is None else round(value, digits)

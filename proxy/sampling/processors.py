@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# vLLM and SGLang treat temperatures below this as greedy (`_SAMPLING_EPS`, vllm/sampling_params.py).
+# vLLM treats temperatures below this as greedy (`_SAMPLING_EPS`, vllm/sampling_params.py); SGLang only below 1e-6.
 GREEDY_TEMPERATURE_EPS = 1e-5
 TOP_K_OFF = (0, -1)
 
@@ -50,7 +50,7 @@ class SamplerOrder(enum.Enum):
 #   one softmax, and `top_k_top_p_min_p_sampling_from_probs_torch` judges every filter on that
 #   same distribution: rank < k (exactly k), (cumsum - p_i) <= top_p (<=, where the others use <),
 #   p_i >= min_p * max; no renormalisation between filters, unlike vLLM, hence a third member.
-#   Greedy (temperature < 1e-5) becomes top_k = 1 (python/sglang/srt/sampling/sampling_params.py).
+#   Greedy (temperature < 1e-6, not vLLM's 1e-5) becomes top_k = 1 (python/sglang/srt/sampling/sampling_params.py).
 #   The default flashinfer backend also filters jointly (filter_apply_order="joint"), but its
 #   boundary and tie rules, and its min_p path (top_k_renorm_prob, top_p_renorm_prob first),
 #   differ in detail; we follow the PyTorch reference.

@@ -13,12 +13,13 @@ from proxy.config.schema import Config, DraftConfig, Route
 from proxy.control.route import RouteController
 from proxy.drafting.base import Drafter
 from proxy.drafting.llama import LlamaDrafter
-from proxy.drafting.lookup import HybridDrafter, LookupDrafter
+from proxy.drafting.lookup import HybridDrafter, LookupDrafter, SuffixDrafter
+from proxy.drafting.suffix import LookupSettings
 from proxy.engine.llama import EngineOptions
 from proxy.errors import UpstreamError
 from proxy.models import fetch as models
 from proxy.observability.metrics import Metrics
-from proxy.server import admin, handlers
+from proxy.server import admin, handlers, live
 from proxy.server.runtime import CONFIG, METRICS, RUNTIMES, RouteRuntime
 from proxy.targets.base import Target
 from proxy.targets.sglang import SGLangTarget
@@ -54,11 +55,15 @@ def make_target(route: Route, upstream: Upstream) -> Target | None:
 
 
 def with_lookup(model: Drafter, draft: DraftConfig) -> Drafter:
-    """The route's draft kind around the loaded model: itself, prompt lookup, or both."""
+    """The route's draft kind around the loaded model: itself, prompt lookup, suffix lookup, or suffix then model."""
     if draft.kind == "model":
         return model
-    kind = LookupDrafter if draft.kind == "ngram" else HybridDrafter
-    return kind(model, max_ngram=draft.ngram_max, min_ngram=draft.ngram_min)
+    if draft.kind == "ngram":
+        return LookupDrafter(model, max_ngram=draft.ngram_max, min_ngram=draft.ngram_min)
+    settings = LookupSettings(draft.k_max, draft.min_token_prob, draft.match_factor, draft.ngram_min,
+                              draft.candidates)
+    kind = SuffixDrafter if draft.kind == "suffix" else HybridDrafter
+    return kind(model, settings, history_tokens=draft.history_tokens if draft.share_history else 0)
 
 
 @dataclass
@@ -126,5 +131,6 @@ def create_app(config: Config, *, load_drafter: DrafterLoader = LlamaDrafter.loa
     app.router.add_get("/v1/models", admin.list_models)
     app.router.add_get("/metrics", admin.metrics_endpoint)
     app.router.add_get("/speculoos/status", admin.status)
+    live.setup(app)  # before the catch-all, which would forward its paths upstream
     app.router.add_route("*", "/{tail:.*}", handlers.passthrough_any)
     return app

@@ -5,12 +5,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from proxy.config.load import ConfigError, load_config
 from proxy.config.schema import Config
 from proxy.observability import logs
+from proxy.sampling.processors import SamplingParams
+
+if TYPE_CHECKING:
+    from proxy.server.runtime import RouteRuntime
 
 
 def add_cli(commands: argparse._SubParsersAction) -> None:
@@ -52,14 +58,43 @@ def run_serve(args: argparse.Namespace) -> int:
 def run_check(args: argparse.Namespace) -> int:
     """Validate the file, load each draft, probe each upstream; exit 1 on any failure."""
     from proxy.drafting.llama import LlamaDrafter
-    from proxy.server.app import open_resources
 
     if (config := _load(args, "check")) is None:
         return 2
+    lines, failures = asyncio.run(check_report(config, LlamaDrafter.load))
+    print("\n".join(lines))
+    return 1 if failures else 0
 
-    async def probe() -> int:
-        resources = await open_resources(config, LlamaDrafter.load)
-        failures = 0
+
+def sampling_cases(top_n: int) -> list[tuple[str, SamplingParams]]:
+    """Sampling parameters whose exactness `check` reports, by label."""
+    return [("greedy", SamplingParams(temperature=0.0)),
+            (f"temperature 0.7, top_k {top_n}", SamplingParams(0.7, top_k=top_n)),
+            ("temperature 1.0", SamplingParams(1.0)),
+            (f"temperature 0.7, top_k {top_n}, top_p 0.9", SamplingParams(0.7, top_k=top_n, top_p=0.9)),
+            ("temperature 0.8, min_p 0.1", SamplingParams(0.8, min_p=0.1)),
+            ("top_p 0", SamplingParams(0.7, top_p=0.0))]
+
+
+def _findings(runtime: RouteRuntime) -> list[tuple[str, str]]:
+    """What the probe learned (each protocol's own rows where it has them), then exactness by sampling parameters."""
+    capabilities, target = runtime.capabilities, runtime.target
+    if capabilities is None or target is None:
+        return []
+    rows = capabilities.lines() if hasattr(capabilities, "lines") else [("capabilities", str(capabilities))]
+    for label, params in sampling_cases(runtime.route.speculation.top_logprobs):
+        problem = target.exactness_problem(params, runtime.route.speculation.top_logprobs)
+        rows.append((f"exact at {label}", "yes" if problem is None else f"no: {problem}"))
+    return rows
+
+
+async def check_report(config: Config, load_drafter: Callable) -> tuple[list[str], int]:
+    """Open every route as `serve` would: one line per route and finding, and the number of failures."""
+    from proxy.server.app import open_resources
+
+    resources = await open_resources(config, load_drafter)
+    lines, failures = [], 0
+    try:
         for runtime in resources.runtimes.values():
             verdict = runtime.tokenizer
             if runtime.drafter is None:
@@ -70,10 +105,8 @@ def run_check(args: argparse.Namespace) -> int:
                 status = f"speculative: {verdict.reason}"
             else:
                 status, failures = f"passthrough: {verdict.reason}", failures + 1
-            print(f"{runtime.name}\t{runtime.route.upstream.url}\t{status}")
-            if runtime.capabilities:
-                print(f"{runtime.name}\tcapabilities\t{runtime.capabilities}")
+            lines.append(f"{runtime.name}\t{runtime.route.upstream.url}\t{status}")
+            lines += [f"{runtime.name}\t{label}\t{value}" for label, value in _findings(runtime)]
+    finally:
         await resources.close()
-        return 1 if failures else 0
-
-    return asyncio.run(probe())
+    return lines, failures

@@ -28,7 +28,8 @@ from proxy.errors import NotFoundError
 from proxy.observability.logs import SwitchLog
 from proxy.observability.metrics import RouteMetrics
 from proxy.observability.request_stats import RequestStats
-from proxy.server.passthrough import TokenMeter, forward
+from proxy.server import live
+from proxy.server.passthrough import forward
 from proxy.server.runtime import CONFIG, METRICS, RUNTIMES, RouteRuntime
 from proxy.wire.control import CONTROL_FIELD, RequestControl, request_control
 from proxy.wire.emit import write_generation
@@ -81,6 +82,7 @@ async def _generation(request: web.Request, kind: str) -> web.StreamResponse:
     runtime = runtime_for(request, parsed.model)
     request_id = uuid.uuid4().hex[:12]
     structlog.contextvars.bind_contextvars(request_id=request_id, route=runtime.name)
+    live.begin(request, request_id, runtime.name, kind, body)
     summary: dict[str, Any] = {"kind": kind, "stream": parsed.stream}
     try:
         reason = await _admit(runtime, parsed, control)
@@ -101,6 +103,7 @@ async def _generation(request: web.Request, kind: str) -> web.StreamResponse:
         summary.update(status=getattr(exc, "status", 500), error=type(exc).__name__)
         raise
     finally:
+        live.end(request, summary)
         log.info("request", ms=round((time.perf_counter() - started) * 1000, 1), **summary)
         structlog.contextvars.clear_contextvars()
 
@@ -108,7 +111,7 @@ async def _generation(request: web.Request, kind: str) -> web.StreamResponse:
 async def _pass(request: web.Request, runtime: RouteRuntime, body: bytes, started: float,
                 summary: dict[str, Any]) -> web.StreamResponse:
     """Passthrough, measuring the target's plain decoding rate on the way."""
-    meter = TokenMeter()
+    meter = live.passthrough_meter(request)
     response = await forward(request, runtime.upstream, body=body, extra_headers={MODE_HEADER: PASSTHROUGH},
                              meter=meter)
     tokens = meter.completion_tokens()
@@ -175,13 +178,15 @@ def _session(app: web.Application, runtime: RouteRuntime, parsed: GenerationRequ
              client_headers: dict[str, str] | None) -> tuple[Session, RequestStats]:
     """One request's session, its events going to the request's policy and stats, the route and the metrics."""
     assert runtime.target is not None  # checked by admission
-    controller, stats, spec = runtime.controller, RequestStats(), runtime.route.speculation
+    controller, spec = runtime.controller, runtime.route.speculation
+    stats = RequestStats(plain_rate=lambda: controller.costs.plain_rate)
     policy = PinnedPolicy(control.pinned_k) if control.pinned_k else controller.policy(forced=control.forced)
     publish = Publisher([policy.observe, stats, controller.observe,
-                         RouteMetrics(app[METRICS], runtime.name, controller), SwitchLog(log)])
+                         RouteMetrics(app[METRICS], runtime.name, controller), SwitchLog(log),
+                         *live.round_subscribers(app, request_id, runtime)])
     session = Session(request_id, runtime.name, prompt_ids, max_tokens, parsed.sampling_params, runtime.target.order,
                       spec.top_logprobs, policy, RequestRandom.from_seed(parsed.seed), publish, client_headers,
-                      spec.max_tv)
+                      spec.max_tv, control.pinned_k or runtime.route.draft.k_max)
     return session, stats
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from proxy.drafting.base import Draft
 from proxy.sampling.processors import SamplerOrder, SamplingParams
 from proxy.sampling.rejection import KnownSupport
+from proxy.wire.request import GenerationRequest
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,10 @@ class Target(Protocol):
 
     def exactness_problem(self, params: SamplingParams, top_n: int) -> str | None:
         """Why a round cannot follow the target's distribution exactly for these parameters (None: it can)."""
+        ...
+
+    def prompt_problem(self, request: GenerationRequest) -> str | None:
+        """Why the server cannot give this request's prompt ids or context length (None: it can)."""
         ...
 
     async def score(self, context: list[int], draft: Draft, plan: ScorePlan) -> Scores:

@@ -1,8 +1,11 @@
 """The `sglang` protocol: SGLang's native /generate, which our verifier speaks too.
 
-One request per round: `input_ids = context + drafts`, `logprob_start_len = L - 1`, so the
-answer starts at the last context token (a null entry) and then scores d_1..d_K; the bonus
-position comes back as the one generated token (`max_new_tokens: 1`, temperature 0).
+One request per round: `input_ids = context + drafts`, `logprob_start_len = L - 1`, temperature 0
+(raw log-probs: tempering is ours), `max_new_tokens: 1` (the bonus position). Current SGLang answers
+K + 1 input entries, a null one for the last context token first; an older code path put the null
+entry only at start 0 and answers K. The token ids tell which (managers/scheduler_components/
+logprob_result_processor.py and its predecessors). Prompts come from the server's tokenize and chat
+template, the context length from /v1/models (sglang_probe.py).
 """
 
 from __future__ import annotations
@@ -14,14 +17,19 @@ import numpy as np
 
 from proxy.drafting.base import Draft
 from proxy.errors import UpstreamUnavailableError
-from proxy.sampling.processors import SamplerOrder, SamplingParams
+from proxy.sampling.processors import GREEDY_TEMPERATURE_EPS, SamplerOrder, SamplingParams
 from proxy.sampling.rejection import KnownSupport
 from proxy.targets.base import PositionLogprobs, ScorePlan, Scores, Verification
+from proxy.targets.sglang_probe import EXTENSION, SGLangInfo, probe_sglang, tokens
 from proxy.targets.topn import exactness_problem, support_from_top_n
-from proxy.targets.upstream import Upstream, UpstreamStatusError
-from proxy.wire.request import CHAT
+from proxy.targets.upstream import Upstream
+from proxy.wire.request import CHAT, GenerationRequest
 
-DRAFT_SUPPORT_EXTENSION = "draft_support_ids"
+DRAFT_SUPPORT_EXTENSION = EXTENSION
+SGLANG_GREEDY_EPS = 1e-6  # _SAMPLING_EPS in python/sglang/srt/sampling/sampling_params.py
+# What a chat completion's prompt depends on besides the messages (entrypoints/openai/protocol.py
+# TokenizeRequest, which hands them to the chat template as the chat endpoint does).
+CHAT_TEMPLATE_KEYS = ("continue_final_message", "chat_template_kwargs", "reasoning_effort")
 
 
 def _top(entries: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -33,12 +41,22 @@ def _top(entries: Any) -> tuple[np.ndarray, np.ndarray]:
     return ids, logprobs
 
 
-def parse_verification(answer: Any, draft_tokens: Sequence[int]) -> Verification:
+def _draft_rows(actual: list, tops: list, k: int, last_context_token: int | None) -> tuple[list, list]:
+    """The entries scoring d_1..d_K, whichever alignment the server used."""
+    first = actual[0] if actual else None
+    if len(actual) == k + 1 and first[0] is None and last_context_token in (None, int(first[1])):
+        return actual[1:], tops[1:]  # current SGLang: the last context token's null entry first
+    if len(actual) == k and (k == 0 or first[0] is not None):
+        return actual, tops  # older SGLang: no null entry unless the start is 0
+    raise UpstreamUnavailableError(f"upstream scored {len(actual)} input positions for {k} drafts")
+
+
+def parse_verification(answer: Any, draft_tokens: Sequence[int], last_context_token: int | None = None) -> Verification:
     """Turn a /generate answer into per-position logprobs; raise on anything malformed."""
     try:
         meta = answer["meta_info"]
-        actual = meta["input_token_logprobs"][1:]
-        tops = meta["input_top_logprobs"][1:]
+        actual, tops = _draft_rows(meta["input_token_logprobs"], meta["input_top_logprobs"], len(draft_tokens),
+                                   last_context_token)
         positions = []
         for token, entry, top in zip(draft_tokens, actual, tops, strict=True):
             if int(entry[1]) != token:
@@ -82,7 +100,12 @@ class SGLangTarget:
 
     def __init__(self, upstream: Upstream) -> None:
         self.upstream = upstream
-        self.exact_support = False  # set by probe(): our verifier returns exact residual draws
+        self.info: SGLangInfo | None = None  # set by probe()
+
+    @property
+    def exact_support(self) -> bool:
+        """Whether the server offers our verifier's exact residual draws."""
+        return self.info is not None and self.info.exact_support
 
     @property
     def order(self) -> SamplerOrder:
@@ -91,20 +114,33 @@ class SGLangTarget:
         # after temperature (python/sglang/srt/layers/sampler.py).
         return SamplerOrder.TRUNCATE_THEN_TEMPERATURE if self.exact_support else SamplerOrder.TEMPERATURE_THEN_JOINT_TRUNCATE
 
-    async def probe(self) -> dict[str, Any]:
-        """Read /get_model_info and learn whether the server offers the draft-support extension."""
-        try:
-            info = await self.upstream.get_json("/get_model_info")
-        except UpstreamStatusError:
-            return {}
-        if isinstance(info, dict):
-            self.exact_support = DRAFT_SUPPORT_EXTENSION in (info.get("speculoos_extensions") or [])
-            return info
-        return {}
+    async def probe(self) -> SGLangInfo:
+        """Learn paths, context length, chat templating, seeds and the draft-support extension."""
+        self.info = await probe_sglang(self.upstream)
+        return self.info
 
     def exactness_problem(self, params: SamplingParams, top_n: int) -> str | None:
-        """None through the draft-support extension; otherwise what top-N log-probs allow."""
-        return None if self.exact_support else exactness_problem(params, top_n, self.order)
+        """Why a round cannot follow the server's sampling exactly (None: it can)."""
+        if params.top_p <= 0.0:
+            return "SGLang takes top_p in (0, 1]: the server answers top_p = 0 itself"
+        if self.exact_support:
+            return None
+        if SGLANG_GREEDY_EPS <= params.temperature < GREEDY_TEMPERATURE_EPS:
+            return f"SGLang samples at temperatures from {SGLANG_GREEDY_EPS:g}; the proxy decodes greedily below " \
+                   f"{GREEDY_TEMPERATURE_EPS:g}"
+        return exactness_problem(params, top_n, self.order)
+
+    def prompt_problem(self, request: GenerationRequest) -> str | None:
+        """Why this request's prompt or context cannot be known from the server (None: it can, or not probed yet)."""
+        if self.info is None:
+            return None
+        if self.info.context_length is None:
+            return f"the server's context length is unknown ({self.info.context_source})"
+        if isinstance(request.prompt, list):
+            return None  # token ids need no tokenizer
+        if self.info.tokenize_problem is not None:
+            return self.info.tokenize_problem
+        return self.info.chat.problem if request.kind == CHAT else None
 
     async def score(self, context: list[int], draft: Draft, plan: ScorePlan) -> Scores:
         """One /generate call: exact residual draws through the extension, else top-N folded locally."""
@@ -137,7 +173,7 @@ class SGLangTarget:
             "return_text_in_logprobs": False,
         }
         answer = await self.upstream.post_json("/generate", body, client_headers=plan.client_headers)
-        return parse_verification(answer, draft_tokens)
+        return parse_verification(answer, draft_tokens, context[-1])
 
     async def generate(self, context: list[int], max_new_tokens: int, params: SamplingParams, seed: int,
                        client_headers: dict[str, str] | None = None) -> list[int]:
@@ -153,20 +189,19 @@ class SGLangTarget:
             raise UpstreamUnavailableError("upstream sent a malformed /generate answer") from exc
 
     async def prompt_ids(self, body: dict, kind: str, client_headers: dict[str, str] | None = None) -> tuple[list[int], int]:
-        """Prompt ids from the server's /tokenize (its own chat template), and its context size."""
+        """Prompt ids from the server's tokenize (its own chat template), and its context length."""
+        info = self.info or await self.probe()
+        if info.context_length is None:
+            raise UpstreamUnavailableError(f"the upstream's context length is unknown ({info.context_source})")
+        if kind != CHAT and isinstance(body["prompt"], list):
+            return list(body["prompt"]), info.context_length
+        problem = info.tokenize_problem or (info.chat.problem if kind == CHAT else None)
+        if problem is not None or info.tokenize_path is None:
+            raise UpstreamUnavailableError(f"the upstream cannot tokenize this prompt: {problem}")
         if kind == CHAT:
-            request = {"messages": body["messages"], "add_generation_prompt": True, "add_special_tokens": False}
-        elif isinstance(body["prompt"], list):
-            return list(body["prompt"]), await self.context_size(client_headers)
+            # No add_generation_prompt: without it every release renders as its chat endpoint does,
+            # generation prompt included (probe() checked that against the chat endpoint).
+            request = {"messages": body["messages"], **{key: body[key] for key in CHAT_TEMPLATE_KEYS if key in body}}
         else:
-            request = {"prompt": body["prompt"]}
-        answer = await self.upstream.post_json("/tokenize", request, client_headers=client_headers)
-        try:
-            return [int(t) for t in answer["tokens"]], int(answer["max_model_len"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UpstreamUnavailableError("upstream sent a malformed /tokenize answer") from exc
-
-    async def context_size(self, client_headers: dict[str, str] | None = None) -> int:
-        """The server's context size, from a one-token /tokenize call."""
-        answer = await self.upstream.post_json("/tokenize", {"prompt": ""}, client_headers=client_headers)
-        return int(answer["max_model_len"])
+            request = {"prompt": body["prompt"]}  # special tokens added as /v1/completions adds them
+        return await tokens(self.upstream, info.tokenize_path, request, client_headers), info.context_length

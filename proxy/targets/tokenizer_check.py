@@ -1,11 +1,17 @@
-"""Does the draft tokenize exactly like the target? Speculation is only valid in one shared vocabulary."""
+"""Does the draft tokenize exactly like the target? Speculation is only valid in one shared vocabulary.
+
+The probe strings decide; a vocabulary size and EOS id are compared too where the server names them
+(our verifier's model info does, SGLang's never does). On an SGLang server, whose model info names
+no EOS, the token a short greedy answer ends with must end generation for the draft as well.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from proxy.drafting.base import Vocabulary
-from proxy.targets.upstream import Upstream, UpstreamStatusError
+from proxy.targets.sglang_probe import MODEL_INFO_PATHS, ending_token, first_json, tokenize_path, tokens
+from proxy.targets.upstream import Upstream
 
 # Probe strings chosen to exercise pre-tokenization: code, whitespace runs, multi-byte UTF-8,
 # numbers, and chat special tokens.
@@ -28,23 +34,30 @@ class TokenizerVerdict:
 
 
 async def check_tokenizer(draft: Vocabulary, upstream: Upstream) -> TokenizerVerdict:
-    """Compare vocabulary size, special ids and the tokenization of probe strings."""
-    try:
-        info = await upstream.get_json("/get_model_info")
-    except UpstreamStatusError:
-        info = {}  # not every server has it (vLLM does not): the probes still decide
-    vocab = info.get("vocab_size") if isinstance(info, dict) else None
+    """Compare vocabulary size, special ids, the tokenization of probe strings and the end of a generation."""
+    info = await first_json(upstream, MODEL_INFO_PATHS)  # {} on servers without one (vLLM)
+    vocab = info.get("vocab_size")
     if isinstance(vocab, int) and vocab != draft.n_vocab:
         return TokenizerVerdict(False, f"vocabulary sizes differ: draft {draft.n_vocab}, target {vocab}")
-    eos = info.get("eos_token_id") if isinstance(info, dict) else None
+    eos = info.get("eos_token_id")
     if isinstance(eos, int) and eos != draft.special_ids["eos"]:
         return TokenizerVerdict(False, f"EOS ids differ: draft {draft.special_ids['eos']}, target {eos}")
+    path, problem = await tokenize_path(upstream)
+    if path is None or problem is not None:
+        return TokenizerVerdict(False, f"cannot compare tokenizers: {problem}")
     for number, probe in enumerate(PROBES):
-        answer = await upstream.post_json("/tokenize", {"prompt": probe, "add_special_tokens": False})
-        target_ids = answer.get("tokens") if isinstance(answer, dict) else None
+        target_ids = await tokens(upstream, path, {"prompt": probe, "add_special_tokens": False})
         draft_ids = draft.tokenize(probe, add_special=False)
         if target_ids != draft_ids:
             return TokenizerVerdict(
-                False, f"probe {number} tokenizes differently (draft {draft_ids[:8]}…, target {(target_ids or [])[:8]}…)"
+                False, f"probe {number} tokenizes differently (draft {draft_ids[:8]}…, target {target_ids[:8]}…)"
             )
-    return TokenizerVerdict(True, f"{len(PROBES)} probes tokenize identically; vocabulary {draft.n_vocab}")
+    ending = "EOS id compared" if isinstance(eos, int) else "EOS not named by the server"
+    if info and not isinstance(eos, int):  # an SGLang server: let a generation show how it ends
+        end = await ending_token(upstream, path)
+        if end is not None and not draft.is_end_of_generation(end):
+            return TokenizerVerdict(False, f"the target ends generations with id {end}, which does not end the "
+                                           "draft's")
+        ending = f"generations end with id {end}, an end for the draft too" if end is not None else \
+            "EOS unknown: a probe generation did not end"
+    return TokenizerVerdict(True, f"{len(PROBES)} probes tokenize identically; vocabulary {draft.n_vocab}; {ending}")

@@ -23,7 +23,7 @@ from proxy.sampling.processors import SamplerOrder, SamplingParams
 from proxy.targets.base import PositionLogprobs, ScorePlan, Scores, Verification
 from proxy.targets.topn import exactness_problem, support_from_top_n
 from proxy.targets.upstream import Upstream, UpstreamStatusError
-from proxy.wire.request import CHAT
+from proxy.wire.request import CHAT, GenerationRequest
 
 CLAMPED_NEG_INF = -9999.0  # vLLM writes max(logprob, -9999.0): -inf does not survive JSON
 TOKEN_ID_PREFIX = "token_id:"  # output logprob keys with return_tokens_as_token_ids
@@ -144,6 +144,10 @@ class VLLMTarget:
     def exactness_problem(self, params: SamplingParams, top_n: int) -> str | None:
         """What top-N log-probs allow: vLLM returns no more."""
         return exactness_problem(params, top_n, self.order)
+
+    def prompt_problem(self, request: GenerationRequest) -> str | None:
+        """None: vLLM's /tokenize takes prompts and conversations, and /v1/models gives the context length."""
+        return None
 
     async def score(self, context: list[int], draft: Draft, plan: ScorePlan) -> Scores:
         """One /v1/completions call, its top-N folded with the draft into the sampler's support."""

@@ -17,6 +17,7 @@ class VerifierModel:
     def __init__(self, engine: LlamaEngine, *, shared_decode: bool = False) -> None:
         self.engine = engine
         self.vocabulary = engine.vocabulary
+        self.shared_decode = shared_decode
         self._runner = EngineRunner(engine)
         # Off by default: a request's returned rows are then evaluated as a batch of their own, so
         # its logits do not depend on what else runs. On: concurrent requests' rows share decodes

@@ -32,10 +32,13 @@ def _int_field(obj: dict, name: str, default: int, low: int) -> int:
     return value
 
 
-def _float_field(obj: dict, name: str, default: float, low: float, high: float) -> float:
-    value = obj.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise BadRequestError(f"'{name}' must be a number in [{low}, {high}]", param=name)
+def _float_field(obj: dict, name: str, default: float, low: float, high: float, *, open_low: bool = False) -> float:
+    value = obj.get(name)
+    if value is None:
+        return default  # null means the default, as in SGLang
+    low_ok = isinstance(value, (int, float)) and (value > low if open_low else value >= low)
+    if isinstance(value, bool) or not low_ok or not value <= high:
+        raise BadRequestError(f"'{name}' must be a number in {'(' if open_low else '['}{low:g}, {high:g}]", param=name)
     return float(value)
 
 
@@ -50,7 +53,7 @@ def _parse_sampling(obj: Any) -> tuple[int, SamplingParams, int | None]:
     params = SamplingParams(
         temperature=_float_field(obj, "temperature", 1.0, 0.0, 100.0),
         top_k=max(top_k, 0),
-        top_p=_float_field(obj, "top_p", 1.0, 0.0, 1.0),
+        top_p=_float_field(obj, "top_p", 1.0, 0.0, 1.0, open_low=True),  # SGLang refuses 0 too
         min_p=_float_field(obj, "min_p", 0.0, 0.0, 1.0),
     )
     seed = obj.get("sampling_seed", obj.get("seed"))

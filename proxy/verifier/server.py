@@ -1,13 +1,13 @@
 """The verifier: an aiohttp server around one llama.cpp model.
 
 It answers SGLang's `/generate` (token ids in, per-position raw logprobs out) so the proxy can
-verify drafts against a GGUF target, and plain OpenAI generation so the proxy can pass requests
-through to it. One model, several KV-cached sequences: each request in flight keeps its own prefix.
+verify drafts against a GGUF target, SGLang's tokenizer and description endpoints (info.py), and
+plain OpenAI generation so the proxy can pass requests through to it. One model, several
+KV-cached sequences: each request in flight keeps its own prefix.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Sequence
 
 import numpy as np
@@ -17,7 +17,9 @@ from proxy.engine.llama import EngineOptions, LlamaEngine
 from proxy.engine.vocabulary import LlamaVocabulary
 from proxy.errors import BadRequestError
 from proxy.sampling.processors import SamplingParams
+from proxy.verifier import info
 from proxy.verifier.generate import pick_token, run_generate
+from proxy.verifier.info import MODEL, MODEL_NAME
 from proxy.verifier.model import VerifierModel
 from proxy.verifier.parse import parse_generate
 from proxy.wire.emit import write_generation
@@ -25,8 +27,6 @@ from proxy.wire.errors import error_middleware
 from proxy.wire.request import CHAT, COMPLETION, GenerationRequest, parse_generation_request, read_json
 from proxy.wire.textstream import TextStream
 
-MODEL = web.AppKey("model", VerifierModel)
-MODEL_NAME = web.AppKey("model_name", str)
 UNSUPPORTED_HERE = "the speculoos verifier does not support {fields}; send them to a full server"
 
 
@@ -38,58 +38,6 @@ async def generate(request: web.Request) -> web.Response:
         answers = [await run_generate(model.evaluate, model.vocabulary, seq, req, np.random.default_rng(req.seed))
                    for req in requests]
     return web.json_response(answers if batched else answers[0])
-
-
-async def tokenize(request: web.Request) -> web.Response:
-    """vLLM-shaped /tokenize: a prompt or chat messages to token ids."""
-    body = await read_json(request)
-    model = request.app[MODEL]
-    if not isinstance(body, dict):
-        raise BadRequestError("the request body must be a JSON object")
-    if "messages" in body:
-        messages = body["messages"]
-        if not isinstance(messages, list) or not messages:
-            raise BadRequestError("'messages' must be a non-empty list", param="messages")
-        add_generation_prompt = bool(body.get("add_generation_prompt", True))
-        tokens = model.vocabulary.chat_prompt_ids(messages, add_generation_prompt=add_generation_prompt)
-    elif isinstance(body.get("prompt"), str):
-        tokens = model.vocabulary.tokenize(body["prompt"], add_special=bool(body.get("add_special_tokens", True)))
-    else:
-        raise BadRequestError("give 'prompt' (a string) or 'messages'", param="prompt")
-    return web.json_response({"count": len(tokens), "max_model_len": model.engine.n_ctx, "tokens": tokens})
-
-
-async def detokenize(request: web.Request) -> web.Response:
-    """vLLM-shaped /detokenize."""
-    body = await read_json(request)
-    tokens = body.get("tokens") if isinstance(body, dict) else None
-    engine = request.app[MODEL].engine
-    if not isinstance(tokens, list) or not all(isinstance(t, int) and 0 <= t < engine.n_vocab for t in tokens):
-        raise BadRequestError("'tokens' must be a list of token ids in the vocabulary", param="tokens")
-    text = b"".join(engine.vocabulary.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
-    return web.json_response({"prompt": text})
-
-
-async def model_info(request: web.Request) -> web.Response:
-    """SGLang's /get_model_info, extended with what the proxy's tokenizer check compares."""
-    engine = request.app[MODEL].engine
-    return web.json_response({
-        "model_path": str(engine.options.model_path),
-        "is_generation": True,
-        "vocab_size": engine.n_vocab,
-        "bos_token_id": engine.vocabulary.special_ids["bos"],
-        "eos_token_id": engine.vocabulary.special_ids["eos"],
-        "max_model_len": engine.n_ctx,
-        "speculoos_extensions": ["draft_support_ids"],
-    })
-
-
-async def list_models(request: web.Request) -> web.Response:
-    """OpenAI /v1/models: the one model served."""
-    engine = request.app[MODEL].engine
-    entry = {"id": request.app[MODEL_NAME], "object": "model", "created": int(time.time()),
-             "owned_by": "speculoos-verifier", "max_model_len": engine.n_ctx}
-    return web.json_response({"object": "list", "data": [entry]})
 
 
 async def health(request: web.Request) -> web.Response:
@@ -159,10 +107,7 @@ def create_verifier_app(model: VerifierModel, model_name: str, *, max_body_bytes
 
     app.on_cleanup.append(close_model)
     app.router.add_post("/generate", generate)
-    app.router.add_post("/tokenize", tokenize)
-    app.router.add_post("/detokenize", detokenize)
-    app.router.add_get("/get_model_info", model_info)
-    app.router.add_get("/v1/models", list_models)
+    info.add_routes(app)
     app.router.add_get("/health", health)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)

@@ -64,6 +64,24 @@ def smol_ngram_proxy(smol_verifier: Process, log_dir: Path) -> Iterator[Process]
 
 
 @pytest.fixture(scope="session")
+def smol_hybrid_proxy(smol_verifier: Process, log_dir: Path) -> Iterator[Process]:
+    """The proxy drafting by suffix lookup (two candidates a round) and with SmolLM2 when lookup finds nothing."""
+    routes = write_routes(log_dir / "smol-hybrid.yaml", smol_verifier.url, SMOL, kind="hybrid",
+                          draft_extra=", candidates: 2")
+    process = start_proxy(routes, log_dir)
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def smol_suffix_proxy(smol_verifier: Process, log_dir: Path) -> Iterator[Process]:
+    """The proxy drafting by suffix lookup only (SmolLM2's GGUF as the tokenizer)."""
+    process = start_proxy(write_routes(log_dir / "smol-suffix.yaml", smol_verifier.url, SMOL, kind="suffix"), log_dir)
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
 def qwen_proxy(qwen_verifier: Process, log_dir: Path) -> Iterator[Process]:
     """The proxy with the Qwen 0.5B draft in front of the 1.5B target."""
     process = start_proxy(write_routes(log_dir / "qwen.yaml", qwen_verifier.url, DRAFT_QWEN), log_dir)

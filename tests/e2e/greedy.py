@@ -83,7 +83,7 @@ def tokenize(url: str, body: dict) -> list[int]:
 
 def detokenize(url: str, ids: list[int]) -> str:
     """Text from the verifier's /detokenize."""
-    return http.post_json(url + "/detokenize", {"tokens": ids}).json()["prompt"]
+    return http.post_json(url + "/detokenize", {"tokens": ids}).json()["text"]
 
 
 def find_divergence(url: str, prompt_ids: list[int], expected: str, actual: str) -> Divergence:

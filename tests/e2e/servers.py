@@ -72,10 +72,10 @@ def start_verifier(model: str, log_dir: Path, *, ctx: int = 4096) -> Process:
 
 
 def write_routes(path: Path, upstream: str, draft: str | None, *, k: int = 4, extra: str = "",
-                 kind: str = "model", parallel: int = 4) -> Path:
+                 kind: str = "model", parallel: int = 4, draft_extra: str = "") -> Path:
     """A one-route routes.yaml pointing at `upstream`."""
-    draft_block = (f"    draft: {{kind: {kind}, model: {draft}, threads: {THREADS}, ctx: 4096, parallel: {parallel}}}\n"
-                   if draft else "")
+    draft_block = (f"    draft: {{kind: {kind}, model: {draft}, threads: {THREADS}, ctx: 4096, parallel: {parallel}"
+                   f"{draft_extra}}}\n" if draft else "")
     path.write_text(
         "routes:\n"
         "  - name: test\n"

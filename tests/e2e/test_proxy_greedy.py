@@ -158,6 +158,28 @@ def test_prompt_lookup_draft_matches_the_target(smol_ngram_proxy: Process, smol_
     assert extension["accepted"] > 0  # the answer copies the prompt: lookup drafts get accepted
 
 
+def test_hybrid_suffix_draft_matches_the_target(smol_hybrid_proxy: Process, smol_verifier: Process,
+                                                smol_tolerance: float) -> None:
+    check_identity(smol_hybrid_proxy, smol_verifier, max_tokens=32, tolerance=smol_tolerance)
+
+
+def test_suffix_lookup_drafts_long_copies(smol_suffix_proxy: Process, smol_verifier: Process) -> None:
+    code = "".join(f"def area_{i}(width, height):\n    return width * height * {i}\n\n" for i in range(6))
+    messages = [{"role": "user", "content": f"Repeat this code exactly, then stop:\n{code}"}]
+    client = openai.OpenAI(base_url=smol_suffix_proxy.url + "/v1", api_key="unused", max_retries=0,
+                           default_headers=FORCE)
+    raw = client.chat.completions.with_raw_response.create(model="test", max_tokens=96, temperature=0,
+                                                           messages=messages)
+    direct = openai.OpenAI(base_url=smol_verifier.url + "/v1", api_key="unused", max_retries=0)
+    expected = direct.chat.completions.create(model="test", max_tokens=96, temperature=0, messages=messages)
+    assert raw.parse().choices[0].message.content == expected.choices[0].message.content
+    extension = raw.parse().model_extra["speculoos"]
+    print(extension)
+    # The answer copies the prompt: the first path of a fresh route is verified whole, longer than a model's K.
+    assert set(extension["drafts"]) == {"lookup"} and extension["drafts"]["lookup"]["accepted"] > 0
+    assert max(r[0] for r in extension["round_trace"]) > 4 and extension["tokens_per_round"] > 2
+
+
 @pytest.mark.slow
 def test_qwen_route_controller_decides_from_its_own_measurements(qwen_proxy: Process) -> None:
     """Never slower: on this CPU the Qwen pair's route must end in passthrough or a K that measurably pays."""

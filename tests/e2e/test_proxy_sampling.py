@@ -95,7 +95,7 @@ def pieces_for(verifier: Process, ids: list[int]) -> dict[int, str]:
     """What each id renders to as the first token of a response."""
     out = {}
     for token in ids:
-        out[token] = http.post_json(verifier.url + "/detokenize", {"tokens": [token]}).json()["prompt"]
+        out[token] = http.post_json(verifier.url + "/detokenize", {"tokens": [token]}).json()["text"]
     return out
 
 

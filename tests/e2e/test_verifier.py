@@ -10,6 +10,9 @@ import openai
 import pytest
 from llama_cpp import Llama
 
+from proxy.config.load import parse_config
+from proxy.drafting.llama import LlamaDrafter
+from proxy.server.cli import check_report
 from proxy.verifier.generate import log_softmax
 from tests import support as http
 from tests.e2e import greedy
@@ -171,7 +174,10 @@ BAD_REQUESTS = [
     ("/generate", b'{"input_ids": [1, 99999999]}', 400, "vocabulary"),
     ("/generate", b'{"input_ids": [1, 2], "sampling_params": {"temperature": -1}}', 400, "temperature"),
     ("/generate", b'{"input_ids": [1, 2], "sampling_params": {"max_new_tokens": "x"}}', 400, "max_new_tokens"),
-    ("/tokenize", b'{"nothing": 1}', 400, "prompt"),
+    ("/generate", b'{"input_ids": [1, 2], "sampling_params": {"top_p": 0}}', 400, "(0, 1]"),  # as SGLang
+    ("/tokenize", b'{"nothing": 1}', 400, "Exactly one of 'prompt' or 'messages'"),
+    ("/v1/tokenize", b'{"prompt": "a", "messages": []}', 400, "Exactly one of 'prompt' or 'messages'"),
+    ("/v1/detokenize", b'{"tokens": [1, "a"]}', 400, "tokens"),
     ("/v1/chat/completions", b'{"model": "m", "messages": []}', 400, "messages"),
     ("/v1/chat/completions", b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -3}',
      400, "max_tokens"),
@@ -213,8 +219,41 @@ def test_chat_stream_parses_with_the_openai_sdk(smol_verifier: Process) -> None:
 def test_models_and_tokenize_shapes(smol_verifier: Process) -> None:
     models = http.get(smol_verifier.url + "/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["object"] == "model"
-    chat = http.post_json(smol_verifier.url + "/tokenize",
-                          {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": True}).json()
+    assert models["data"][0]["max_model_len"] == 4096
+    messages = [{"role": "user", "content": "hi"}]
+    chat = http.post_json(smol_verifier.url + "/tokenize", {"messages": messages}).json()
     assert chat["count"] == len(chat["tokens"]) > 3
-    text = http.post_json(smol_verifier.url + "/detokenize", {"tokens": tokenize(smol_verifier, "Hello world")})
-    assert "Hello world" in text.json()["prompt"]
+    bare = http.post_json(smol_verifier.url + "/tokenize", {"messages": messages, "add_generation_prompt": False})
+    assert chat["tokens"][: bare.json()["count"]] == bare.json()["tokens"]  # the generation prompt comes last
+    ids = tokenize(smol_verifier, "Hello world")
+    text = http.post_json(smol_verifier.url + "/detokenize", {"tokens": ids})
+    assert text.json() == {"text": "Hello world"}  # SGLang's shape
+    rows = http.post_json(smol_verifier.url + "/v1/detokenize", {"tokens": [ids, ids[:1]]}).json()["text"]
+    assert rows == ["Hello world", "Hello"]
+
+
+@pytest.mark.parametrize(("new", "old"), [("/v1/tokenize", "/tokenize"), ("/model_info", "/get_model_info"),
+                                          ("/server_info", "/get_server_info")])
+def test_sglang_paths_and_their_old_aliases_answer_alike(smol_verifier: Process, new: str, old: str) -> None:
+    if "tokenize" in new:
+        answers = [http.post_json(smol_verifier.url + path, {"prompt": ["One two", "three"]}).json()
+                   for path in (new, old)]
+        assert answers[0]["count"] == [len(row) for row in answers[0]["tokens"]]
+    else:
+        answers = [http.get(smol_verifier.url + path).json() for path in (new, old)]
+    assert answers[0] == answers[1]
+
+
+async def test_check_reports_the_verifiers_findings(smol_verifier: Process, model_paths: dict[str, Path]) -> None:
+    config = parse_config({"routes": [{"name": "smol", "upstream": {"url": smol_verifier.url},
+                                       "draft": {"model": SMOL, "threads": 1}}]})
+    lines, failures = await check_report(config, LlamaDrafter.load)
+    found = dict(line.split("\t")[1:] for line in lines)
+    assert failures == 0 and found[smol_verifier.url].startswith("speculative: 6 probes tokenize identically")
+    assert found["server"].startswith("speculoos verifier ")
+    assert found["context length"] == "4096 tokens (from /v1/models max_model_len)"
+    assert found["seeds"].startswith("honoured") and found["verification"].startswith("exact residual draws")
+    assert found["chat prompts"].startswith("verified: the chat endpoint's prompt token count agrees; a generation")
+    assert "current SGLang" in found["log-prob alignment"]
+    assert found["exact at temperature 1.0"] == found["exact at temperature 0.8, min_p 0.1"] == "yes"
+    assert "top_p in (0, 1]" in found["exact at top_p 0"]

@@ -30,7 +30,8 @@ import aiohttp
 from aiohttp import web
 
 CHAT_PATH, GENERATE_PATH = "/v1/chat/completions", "/generate"
-INFO_PATHS = ("/get_model_info", "/tokenize")  # the answers that describe the model
+# The answers that describe the model (SGLang's paths and their old aliases).
+INFO_PATHS = ("/model_info", "/get_model_info", "/v1/tokenize", "/tokenize", "/v1/models")
 CANCELLED = "cancelled"  # the path recorded when a streaming client goes away
 STALL_S = 30.0  # how long a stall lasts (it is cancelled when the proxy gives up)
 BIG_CTX = 32768  # the context `bigctx` claims, larger than a 4096-token draft's
@@ -118,7 +119,8 @@ def no_draft_support(info: dict[str, Any]) -> None:
 
 
 def big_context(info: dict[str, Any]) -> None:
-    info["max_model_len"] = BIG_CTX
+    for described in [info, *info.get("data", [])]:  # /v1/models holds it in each card
+        described["max_model_len"] = BIG_CTX
 
 
 async def rate_limited(request: web.Request, seen: Seen) -> web.StreamResponse:

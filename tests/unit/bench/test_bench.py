@@ -18,6 +18,7 @@ from proxy.bench.stats import (
     predicted_speedup,
     spread,
     summarise,
+    traced_rate,
 )
 from proxy.bench.workloads import MIN_PROMPTS, WorkloadError, builtin_names, load, parse_workload
 from proxy.config.schema import FallbackConfig
@@ -230,3 +231,13 @@ def test_unreachable_url_is_one_line_and_exit_1(capsys: pytest.CaptureFixture) -
     error = capsys.readouterr().err
     assert error.startswith(f"speculoos bench: cannot reach the upstream (--direct) at {url}/v1/models")
     assert error.count("\n") == 1
+
+
+def test_traced_rate_replays_each_round_at_its_own_k() -> None:
+    costs = Costs(0.02, {1: 0.1, 16: 0.4}, None)
+    lookup_only = {"round_trace": [[16, 16], [1, 0]], "plain_tokens": 4, "drafts": {"lookup": {"drafted": 17}}}
+    assert traced_rate([lookup_only], costs, plain_rate=10.0) == pytest.approx(22 / 0.9)
+    with_model = {**lookup_only, "drafts": {"model": {"drafted": 5}}}
+    assert traced_rate([with_model], costs, plain_rate=10.0) == pytest.approx(22 / (0.9 + 5 * 0.02))
+    assert traced_rate([{"round_trace": []}], costs, plain_rate=10.0) is None
+    assert traced_rate([lookup_only], Costs(None, {4: 0.2}, None), plain_rate=10.0) is None  # one K: no line

@@ -82,3 +82,14 @@ def test_simulate_command(tmp_path: Path, capsys: pytest.CaptureFixture) -> None
     assert json.loads((tmp_path / "sim.json").read_text())["label"] == "SIMULATION"
     assert bench("--simulate", str(tmp_path / "trace.json"), "--cost-model", "cpu", "--draft-ms", "2") == 1
     assert "give --verify-ms-per-token" in capsys.readouterr().err
+
+
+def test_lookup_rounds_cost_no_draft_time_and_plain_chunks_cost_a_round_trip() -> None:
+    model = simulate.cost_model("gpu", draft_ms=10, verify_ms_flat=30, rtt_ms=2)
+    document = {"format": simulate.TRACE_FORMAT, "requests": [
+        {"workload": "w", "mode": "auto", "rounds": [[16, 16, "lookup"], [4, 2]], "plain_tokens": 8,
+         "plain_calls": 2}]}
+    (request,) = simulate.parse_trace(document, "trace")
+    timed = simulate.replay(request, model)
+    assert timed.tokens == 17 + 3 + 8
+    assert timed.speculative_ms == pytest.approx((30 + 2) + (4 * 10 + 30 + 2) + 8 * 30 + 2 * 2)

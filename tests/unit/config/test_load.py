@@ -56,10 +56,11 @@ BAD = [
     (qwen(upstream="url: 'http://h', protocl: vllm"), f"{Q}: upstream.protocl: unknown key (did you mean 'protocol'?)"),
     (
         qwen("draft: {model: m, zz: 1}"),
-        f"{Q}: draft.zz: unknown key (allowed: kind, model, ngram_min, ngram_max, threads, ctx, gpu_layers, batch, "
+        f"{Q}: draft.zz: unknown key (allowed: kind, model, ngram_min, ngram_max, k_max, min_token_prob, match_factor, "
+        "candidates, share_history, history_tokens, threads, ctx, gpu_layers, batch, "
         "parallel)",
     ),
-    (qwen("draft: {model: m, kind: lookup}"), f"{Q}: draft.kind: must be one of model, ngram, hybrid"),
+    (qwen("draft: {model: m, kind: lookup}"), f"{Q}: draft.kind: must be one of model, ngram, suffix, hybrid"),
     (qwen("draft: {model: m, ngram_min: 4, ngram_max: 2}"), f"{Q}: draft.ngram_max: must be >= ngram_min (4)"),
     # wrong types
     (qwen("speculation: {k: four}"), f"{Q}: speculation.k: must be a valid integer (got 'four')"),

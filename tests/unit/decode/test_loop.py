@@ -17,8 +17,8 @@ from proxy.decode.events import Event, PlainEvent, Publisher, RoundEvent, Switch
 from proxy.decode.loop import speculative_tokens
 from proxy.decode.plain import PLAIN_CHUNK
 from proxy.decode.session import RequestRandom, Session
-from proxy.drafting.base import Drafter
-from proxy.sampling.processors import SamplingParams
+from proxy.drafting.base import Draft, Drafter
+from proxy.sampling.processors import SamplingParams, one_hot
 from proxy.targets.base import Target
 from proxy.targets.sglang import SGLangTarget
 from proxy.targets.upstream import Timeouts, Upstream
@@ -100,10 +100,11 @@ async def served(protocol: str, end_after: int | None) -> AsyncIterator[Served]:
     await server.close()
 
 
-class SwitchAfter:
+class SwitchAfter(PinnedPolicy):
     """A policy that drafts k for `rounds` rounds, then switches to plain decoding."""
 
     def __init__(self, k: int, rounds: int) -> None:
+        super().__init__(k)
         self.k, self.rounds, self.seen = k, rounds, 0
 
     def next_k(self) -> Decision:
@@ -195,10 +196,25 @@ async def test_switch_to_plain_decoding_continues_the_same_text(served: Served) 
     assert [served.protocol.new_tokens(b) for b in plain_calls] == [PLAIN_CHUNK, PLAIN_CHUNK, PLAIN_CHUNK, 2]
 
 
-async def test_an_empty_draft_still_emits_the_targets_token(served: Served) -> None:
-    batches, events = await run(served, ScriptedDrafter(lambda context, k: []), 3)
-    assert batches == [[t] for t in served.model.greedy(PROMPT, 3)]
-    assert [(e.drafted, e.accepted) for e in rounds(events)] == [((), 0)] * 3
+async def test_an_empty_draft_decodes_a_plain_chunk_instead_of_verifying_nothing(served: Served) -> None:
+    batches, events = await run(served, ScriptedDrafter(lambda context, k: []), 10)
+    assert sum(batches, []) == served.model.greedy(PROMPT, 10)
+    assert rounds(events) == [] and served.bodies(scoring=True) == []
+    plain = [e for e in events if isinstance(e, PlainEvent)]
+    assert all(e.lookup_missed for e in plain) and [len(e.tokens) for e in plain] == [4, 4, 2]
+
+
+async def test_drafting_resumes_after_a_plain_chunk(served: Served) -> None:
+    calls = []
+
+    def every_other(context, k):
+        calls.append(len(context))
+        return [] if len(calls) % 2 else served.model.greedy(context, k)
+
+    batches, events = await run(served, ScriptedDrafter(every_other), 20, k=3)
+    assert sum(batches, []) == served.model.greedy(PROMPT, 20)
+    kinds = [type(e).__name__ for e in events]
+    assert "RoundEvent" in kinds and "PlainEvent" in kinds and "SwitchEvent" not in kinds
 
 
 async def test_each_round_asks_the_target_about_the_context_and_the_draft(served: Served) -> None:
@@ -225,3 +241,23 @@ async def test_a_seeded_request_at_temperature_one_reproduces(served: Served) ->
     again, _ = await run(served, drafter, 20, params=params, seed=42)
     other, _ = await run(served, drafter, 20, params=params, seed=43)
     assert sum(first, []) == sum(again, []) != sum(other, [])
+
+
+class TwoPaths(ScriptedDrafter):
+    """Proposes a wrong path first and the target's greedy continuation as its alternative (a lookup branch)."""
+
+    def __init__(self, model: ToyModel) -> None:
+        super().__init__(lambda context, k: [])
+        self.model = model
+
+    async def propose(self, context, plan):
+        right = tuple(self.model.greedy(context, plan.k))
+        wrong = ((right[0] + 1) % self.vocabulary.n_vocab, *right[1:])
+        return Draft(wrong, one_hot(wrong, self.vocabulary.n_vocab), "lookup", (right,))
+
+
+async def test_several_candidates_are_verified_in_one_round_and_the_right_one_is_followed(served: Served) -> None:
+    batches, events = await run(served, TwoPaths(served.model), 12, k=3)
+    assert sum(batches, []) == served.model.greedy(PROMPT, 12)
+    assert all(e.candidates == 2 and e.accepted == 3 and e.source == "lookup" for e in rounds(events))
+    assert len(served.bodies(scoring=True)) == 2 * len(rounds(events))  # both paths scored every round

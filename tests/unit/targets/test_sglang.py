@@ -1,55 +1,25 @@
-"""SGLangTarget against a fake stock SGLang of a toy model (tests/fakes/sglang.py): scoring, generation, probing."""
+"""SGLangTarget against a fake stock SGLang of a toy model (tests/fakes/sglang.py): scoring and plain decoding."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from typing import Any
 
 import numpy as np
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from proxy.drafting.base import Draft
-from proxy.sampling.processors import SamplerOrder, SamplingParams, one_hot
+from proxy.sampling.processors import SamplingParams, one_hot
 from proxy.sampling.rejection import verify_on_support
 from proxy.targets.base import ScorePlan
-from proxy.targets.sglang import SGLangTarget
-from proxy.targets.upstream import Timeouts, Upstream, UpstreamStatusError
-from proxy.wire.request import CHAT, COMPLETION
-from tests.fakes.sglang import CONTEXT_SIZE, SEEN, SGLANG_ORDER, fake_sglang_app, toy_chat_ids
-from tests.fakes.toy_model import END, VOCAB, ToyModel, ToyVocabulary
+from proxy.targets.upstream import UpstreamStatusError
+from tests.fakes.sglang import MIDDLE, OLDEST, SEEN, SGLANG_ORDER, Release, fake_sglang_app
+from tests.fakes.toy_model import END, VOCAB, ToyModel
+from tests.unit.targets.sglang_serving import serving
 
 PROMPT = [3, 5, 7, 11]
 TOP_N = 5
 GREEDY = SamplingParams(temperature=0.0)
-
-
-@asynccontextmanager
-async def serving(app: web.Application) -> AsyncIterator[SGLangTarget]:
-    """The app on a loopback port and an SGLangTarget talking to it."""
-    server = TestServer(app)
-    await server.start_server()
-    upstream = Upstream(str(server.make_url("")), Timeouts(1.0, 5.0, 5.0))
-    try:
-        yield SGLangTarget(upstream)
-    finally:
-        await upstream.close()
-        await server.close()
-
-
-def verifier_info_app() -> web.Application:
-    """Our verifier's /get_model_info (proxy/verifier/server.py), which announces the draft-support extension."""
-
-    async def model_info(request: web.Request) -> web.Response:
-        return web.json_response({"model_path": "toy.gguf", "is_generation": True, "vocab_size": VOCAB,
-                                  "bos_token_id": -1, "eos_token_id": END, "max_model_len": CONTEXT_SIZE,
-                                  "speculoos_extensions": ["draft_support_ids"]})
-
-    app = web.Application()
-    app.router.add_get("/get_model_info", model_info)
-    return app
+RELEASES = {"0.5.23": Release(), "0.5.4": MIDDLE, "0.4.9": OLDEST}  # OLDEST: the null entry only at start 0
 
 
 def drafts(model: ToyModel, k: int, wrong_at: int | None = None) -> list[int]:
@@ -68,14 +38,15 @@ def two_candidates(tokens: list[int]) -> Draft:
     return Draft(tuple(tokens), probs)
 
 
-# Scoring with top-N log-probs.
+# Scoring with top-N log-probs, whichever alignment the server uses.
 
 
+@pytest.mark.parametrize("release", RELEASES.values(), ids=RELEASES.keys())
 @pytest.mark.parametrize("wrong_at", [None, 0, 2, 3])
-async def test_greedy_rounds_accept_what_the_toy_model_would_say(wrong_at: int | None) -> None:
+async def test_greedy_rounds_accept_what_the_toy_model_would_say(release: Release, wrong_at: int | None) -> None:
     model = ToyModel()
     tokens = drafts(model, 4, wrong_at)
-    async with serving(fake_sglang_app(model)) as target:
+    async with serving(fake_sglang_app(model, release=release)) as target:
         scores = await target.score(PROMPT, Draft(tuple(tokens), one_hot(tokens, VOCAB)), ScorePlan(GREEDY, TOP_N, 1))
     result = verify_on_support(tokens, scores.support, np.random.default_rng(0))
     accepted = 4 if wrong_at is None else wrong_at
@@ -84,16 +55,18 @@ async def test_greedy_rounds_accept_what_the_toy_model_would_say(wrong_at: int |
     assert scores.tv_bound == 0.0
 
 
+@pytest.mark.parametrize("release", RELEASES.values(), ids=RELEASES.keys())
 @pytest.mark.parametrize("params", [
     GREEDY,
     SamplingParams(temperature=0.7, top_k=3),
     SamplingParams(temperature=0.5, top_k=4, min_p=0.2),
     SamplingParams(temperature=1.3, top_k=2),
 ])
-async def test_the_support_is_the_top_n_and_the_draft_with_the_toy_models_probabilities(params: SamplingParams) -> None:
+async def test_the_support_is_the_top_n_and_the_draft_with_the_toy_models_probabilities(
+        release: Release, params: SamplingParams) -> None:
     model = ToyModel()
     draft = two_candidates(drafts(model, 3, wrong_at=1))
-    async with serving(fake_sglang_app(model)) as target:
+    async with serving(fake_sglang_app(model, release=release)) as target:
         assert target.exactness_problem(params, TOP_N) is None
         scores = await target.score(PROMPT, draft, ScorePlan(params, TOP_N, 1))
     support = scores.support
@@ -125,25 +98,28 @@ async def test_an_inexact_round_is_bounded_and_renormalised() -> None:
     assert 0.0 < scores.tv_bound < 1.0
 
 
+@pytest.mark.parametrize("release", [Release(), OLDEST], ids=["null first", "null at 0 only"])
 @pytest.mark.parametrize(("context", "k", "params"), [
     (PROMPT, 3, GREEDY),
     (PROMPT, 3, SamplingParams(temperature=0.7, top_k=3)),  # raw log-probs either way: tempering is ours
     (PROMPT, 0, GREEDY),  # no drafts: only the bonus position
-    ([7], 2, GREEDY),  # a one-token context starts the log-probs at 0
+    ([7], 2, GREEDY),  # a one-token context starts the log-probs at 0, where both alignments agree
 ])
-async def test_a_round_sends_one_generate_request(context: list[int], k: int, params: SamplingParams) -> None:
+async def test_a_round_sends_one_generate_request(release: Release, context: list[int], k: int,
+                                                  params: SamplingParams) -> None:
     model = ToyModel()
     tokens = model.greedy(context, k)
-    app = fake_sglang_app(model)
+    app = fake_sglang_app(model, release=release)
     async with serving(app) as target:
-        await target.score(context, Draft(tuple(tokens), one_hot(tokens, VOCAB)), ScorePlan(params, TOP_N, 1))
+        scores = await target.score(context, Draft(tuple(tokens), one_hot(tokens, VOCAB)), ScorePlan(params, TOP_N, 1))
     expected = {"input_ids": context + tokens, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
                 "return_logprob": True, "logprob_start_len": len(context) - 1, "top_logprobs_num": TOP_N,
                 "return_text_in_logprobs": False}
     assert app[SEEN] == [("POST /generate", expected)]
+    assert len(scores.support.ids) == k + 1
 
 
-# Plain decoding, prompts, capabilities.
+# Plain decoding.
 
 
 @pytest.mark.parametrize(("params", "seed", "n", "sampling_params"), [
@@ -172,11 +148,13 @@ async def test_greedy_generate_is_the_toy_models_continuation(end_after: int | N
     assert (tokens[-1] == END) == (end_after is not None)  # the end token is returned, then nothing
 
 
-async def test_seeded_generate_reproduces() -> None:
+@pytest.mark.parametrize("deterministic", [True, False])
+async def test_seeds_reproduce_only_with_deterministic_inference(deterministic: bool) -> None:
     params = SamplingParams(temperature=1.0)
-    async with serving(fake_sglang_app(ToyModel())) as target:
+    async with serving(fake_sglang_app(ToyModel(), release=Release(deterministic=deterministic))) as target:
         first, again, other = [await target.generate(PROMPT, 20, params, seed) for seed in (42, 42, 43)]
-    assert first == again != other
+    assert first != other
+    assert (first == again) == deterministic
 
 
 async def test_a_value_sglang_refuses_reaches_the_caller_as_its_400() -> None:
@@ -186,84 +164,27 @@ async def test_a_value_sglang_refuses_reaches_the_caller_as_its_400() -> None:
     assert caught.value.status == 400
 
 
-MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"}]
+# The fake's answers themselves: SGLang's log-prob alignments and radix-cache accounting.
 
 
-@pytest.mark.parametrize(("kind", "body", "ids", "sent"), [
-    (COMPLETION, {"prompt": "Paris"}, ToyVocabulary().tokenize("Paris"), {"prompt": "Paris"}),
-    (COMPLETION, {"prompt": [5, 6, 7]}, [5, 6, 7], {"prompt": ""}),  # ids verbatim; the call learns the context size
-    (CHAT, {"messages": MESSAGES}, toy_chat_ids(MESSAGES, add_generation_prompt=True),
-     {"messages": MESSAGES, "add_generation_prompt": True, "add_special_tokens": False}),
+@pytest.mark.parametrize(("release", "start", "first_scored", "null_first"), [
+    (Release(), len(PROMPT) - 1, len(PROMPT) - 1, True),  # the last context token's null entry, then the drafts
+    (Release(), 0, 0, True),
+    (Release(), None, len(PROMPT) + 1, True),  # the default: the last input token only
+    (OLDEST, len(PROMPT) - 1, len(PROMPT), False),  # one entry per draft, no null entry
+    (OLDEST, 0, 0, True),  # the older path padded a start of 0 only
 ])
-async def test_prompt_ids(kind: str, body: dict[str, Any], ids: list[int], sent: dict[str, Any]) -> None:
-    app = fake_sglang_app(ToyModel())
-    async with serving(app) as target:
-        assert await target.prompt_ids(body, kind) == (ids, CONTEXT_SIZE)
-    assert app[SEEN] == [("POST /tokenize", sent)]
-
-
-@pytest.mark.xfail(strict=True, reason="SGLangTarget takes the context size from /tokenize's max_model_len, which "
-                                       "SGLang fills with the tokenizer's model_max_length")
-async def test_the_context_size_is_the_servers_even_when_the_tokenizer_says_otherwise() -> None:
-    app = fake_sglang_app(ToyModel(), context_size=CONTEXT_SIZE, tokenizer_max_length=int(1e30))
-    async with serving(app) as target:
-        assert await target.prompt_ids({"prompt": "Paris"}, COMPLETION) == (ToyVocabulary().tokenize("Paris"),
-                                                                            CONTEXT_SIZE)
-
-
-@pytest.mark.parametrize(("app", "info_keys", "exact", "order"), [
-    (lambda: fake_sglang_app(ToyModel()), {"model_path", "tokenizer_path", "is_generation",
-                                           "preferred_sampling_params", "weight_version"},
-     False, SamplerOrder.TEMPERATURE_THEN_JOINT_TRUNCATE),
-    (verifier_info_app, {"model_path", "is_generation", "vocab_size", "bos_token_id", "eos_token_id",
-                         "max_model_len", "speculoos_extensions"}, True, SamplerOrder.TRUNCATE_THEN_TEMPERATURE),
-    (web.Application, set(), False, SamplerOrder.TEMPERATURE_THEN_JOINT_TRUNCATE),  # no /get_model_info at all
-], ids=["stock sglang", "our verifier", "no model info"])
-async def test_probe_learns_the_extension_and_the_sampler_order(app: Callable[[], web.Application],
-                                                                info_keys: set[str], exact: bool,
-                                                                order: SamplerOrder) -> None:
-    async with serving(app()) as target:
-        info = await target.probe()
-    assert set(info) == info_keys
-    assert (target.exact_support, target.order) == (exact, order)
-
-
-@pytest.mark.parametrize(("app", "params", "problem"), [
-    (fake_sglang_app, GREEDY, None),
-    (fake_sglang_app, SamplingParams(temperature=1.0), "top_k in 1..5"),
-    (fake_sglang_app, SamplingParams(temperature=0.7, top_k=5), None),
-    (fake_sglang_app, SamplingParams(temperature=0.7, top_k=6), "top_k in 1..5"),
-    (fake_sglang_app, SamplingParams(temperature=0.7, top_k=5, top_p=0.9), "joint top_p"),
-    (fake_sglang_app, SamplingParams(temperature=1.0, top_k=5, top_p=0.9), "joint top_p"),  # at T = 1 too
-    (lambda model: verifier_info_app(), SamplingParams(temperature=1.0), None),  # exact residual draws
-    (lambda model: verifier_info_app(), SamplingParams(temperature=0.7, top_p=0.9, min_p=0.1), None),
-])
-async def test_exactness_problem(app: Callable[[ToyModel], web.Application], params: SamplingParams,
-                                 problem: str | None) -> None:
-    async with serving(app(ToyModel())) as target:
-        await target.probe()
-        found = target.exactness_problem(params, TOP_N)
-    assert found is None if problem is None else problem in found
-
-
-# The fake's answers themselves: SGLang's log-prob alignment and radix-cache accounting.
-
-
-@pytest.mark.parametrize(("start", "first_scored"), [
-    (len(PROMPT) - 1, len(PROMPT) - 1),  # entry 0 is the last context token, then one entry per draft
-    (0, 0),
-    (None, len(PROMPT) + 1),  # the default: the last input token only
-])
-async def test_the_fake_aligns_input_logprobs_as_sglang(start: int | None, first_scored: int) -> None:
+async def test_the_fake_aligns_input_logprobs_as_sglang(release: Release, start: int | None, first_scored: int,
+                                                        null_first: bool) -> None:
     model, ids = ToyModel(), PROMPT + [13, 1]
-    async with serving(fake_sglang_app(model)) as target:
+    async with serving(fake_sglang_app(model, release=release)) as target:
         body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0}, "return_logprob": True,
                 "top_logprobs_num": 2, **({} if start is None else {"logprob_start_len": start})}
         meta = (await target.upstream.post_json("/generate", body))["meta_info"]
     actual, tops = meta["input_token_logprobs"], meta["input_top_logprobs"]
     assert len(actual) == len(tops) == len(ids) - first_scored
-    assert actual[0] == [None, ids[first_scored], None] and tops[0] is None
-    for j, (logprob, token, _) in enumerate(actual[1:], start=first_scored + 1):
+    assert (actual[0] == [None, ids[first_scored], None] and tops[0] is None) == null_first
+    for j, (logprob, token, _) in enumerate(actual[1:] if null_first else actual, start=first_scored + null_first):
         assert (token, logprob) == (ids[j], pytest.approx(model.log_softmax(ids[:j])[ids[j]]))
 
 

@@ -42,13 +42,22 @@ def with_text(response: dict[str, Any]) -> None:
             entry[2] = "t"
 
 
-@pytest.mark.parametrize(("response", "cached"), [
-    (answer(), 3),
-    (changed(with_text), 3),
-    (changed(lambda r: r["meta_info"].pop("cached_tokens")), 0),
+def drop_null_entries(response: dict[str, Any]) -> None:
+    """The alignment an older SGLang path used: no null entry unless the start is 0, one entry per draft."""
+    del response["meta_info"]["input_token_logprobs"][0]
+    del response["meta_info"]["input_top_logprobs"][0]
+
+
+@pytest.mark.parametrize(("response", "last_context_token", "cached"), [
+    (answer(), 11, 3),
+    (answer(), None, 3),  # the context token unknown: the null entry alone tells
+    (changed(with_text), 11, 3),
+    (changed(lambda r: r["meta_info"].pop("cached_tokens")), 11, 0),
+    (changed(drop_null_entries), 11, 3),  # the older alignment reads the same positions
 ])
-def test_a_top_n_answer_parses_position_by_position(response: dict[str, Any], cached: int) -> None:
-    verification = parse_verification(response, [5, 9])
+def test_a_top_n_answer_parses_position_by_position(response: dict[str, Any], last_context_token: int | None,
+                                                    cached: int) -> None:
+    verification = parse_verification(response, [5, 9], last_context_token)
     rows = [(p.token_id, p.token_logprob, p.top_ids.tolist(), p.top_logprobs.tolist()) for p in verification.positions]
     assert rows == [(5, -0.1, [5, 3], [-0.1, -2.5]),
                     (9, -2.0, [4, 6], [-0.3, -1.0]),  # the top 2 without d_2, whose logprob is known all the same
@@ -56,10 +65,17 @@ def test_a_top_n_answer_parses_position_by_position(response: dict[str, Any], ca
     assert (verification.bonus_token, verification.cached_tokens) == (2, cached)
 
 
-def drop_null_entries(response: dict[str, Any]) -> None:
-    """The alignment an older SGLang path used: no null entry 0, one entry per draft."""
-    del response["meta_info"]["input_token_logprobs"][0]
-    del response["meta_info"]["input_top_logprobs"][0]
+def no_drafts(response: dict[str, Any]) -> None:
+    """A round of K = 0: only the context token's null entry (current) or nothing (older)."""
+    del response["meta_info"]["input_token_logprobs"][1:]
+    del response["meta_info"]["input_top_logprobs"][1:]
+
+
+@pytest.mark.parametrize("response", [changed(no_drafts), changed(lambda r: (no_drafts(r), drop_null_entries(r)))],
+                         ids=["null first", "older"])
+def test_a_round_without_drafts_parses_to_the_bonus_position(response: dict[str, Any]) -> None:
+    verification = parse_verification(response, [], 11)
+    assert [p.top_ids.tolist() for p in verification.positions] == [[2, 8]]
 
 
 @pytest.mark.parametrize(("response", "message"), [
@@ -67,7 +83,10 @@ def drop_null_entries(response: dict[str, Any]) -> None:
     ({"meta_info": None, "output_ids": [2]}, "(TypeError)"),
     (changed(lambda r: r["meta_info"].pop("input_token_logprobs")), "(KeyError)"),  # return_logprob not honoured
     (changed(lambda r: r["meta_info"].pop("output_top_logprobs")), "(KeyError)"),  # top_logprobs_num not honoured
-    (changed(drop_null_entries), "scored a different token"),  # refused, never read one position off
+    (changed(lambda r: r["meta_info"]["input_token_logprobs"].pop()), "scored 2 input positions for 2 drafts"),
+    (changed(lambda r: r["meta_info"]["input_token_logprobs"][0].__setitem__(1, 12)), "3 input positions"),
+    (changed(lambda r: r["meta_info"]["input_token_logprobs"][0].__setitem__(0, -0.5)), "3 input positions"),
+    (changed(lambda r: r["meta_info"]["input_top_logprobs"].pop()), "(ValueError)"),  # zip(strict): lengths differ
     (changed(lambda r: r["meta_info"]["input_token_logprobs"][2].__setitem__(1, 10)), "scored a different token"),
     (changed(lambda r: r["meta_info"]["input_token_logprobs"][1].__setitem__(0, "high")), "(ValueError)"),
     (changed(lambda r: r["meta_info"]["input_top_logprobs"].__setitem__(2, None)), "no top logprobs"),
@@ -78,7 +97,7 @@ def drop_null_entries(response: dict[str, Any]) -> None:
 ])
 def test_malformed_top_n_answers_are_upstream_errors(response: Any, message: str) -> None:
     with pytest.raises(UpstreamUnavailableError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        parse_verification(response, [5, 9])
+        parse_verification(response, [5, 9], 11)
 
 
 # Parsing: our verifier's draft-support extension.

@@ -1,0 +1,95 @@
+"""Lookup drafts: how much of a path is worth verifying, and how much to decode plainly after a miss.
+
+A lookup path comes with the index's own estimate of each token (the share of earlier
+occurrences that continued that way), which says nothing when a path was seen once. What decides
+instead is survival: how often a lookup path's j-th token was right, measured on this request's
+paths (verified ones, and declined ones checked against what the target then produced) with the
+route's measurements as the prior. Verifying L tokens then emits 1 + Σ_{j<L} c_j tokens on
+average, c_j = estimate_j · survival_j, in verify_time(L): measured by K, so on a CPU, where it
+grows with K, a path is cut where its next token stops paying, and on a GPU, where it is flat, it
+is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from proxy.config.schema import MAX_K
+from proxy.control.costs import RouteCosts
+from proxy.decode.events import Event, PlainEvent, RoundEvent
+
+MIN_PLAIN_CHUNK, MAX_PLAIN_CHUNK = 4, 16  # plain tokens decoded after a lookup miss before looking again
+PRIOR_WEIGHT = 2.0  # paths' worth of the route's survival behind a request's own counts
+
+
+def lookup_length(costs: RouteCosts, odds: Sequence[float], competing_rate: float | None) -> int:
+    """The prefix with the best predicted tokens/s (odds[j]: the path is right up to j); 0 if it loses to competing_rate."""
+    if costs.verified_sizes() < 2:
+        return len(odds)  # one measured K cannot tell how cost grows with K: verify it all, which measures it
+    best_length, best_rate = len(odds), None
+    expected = 1.0 + np.cumsum(odds)
+    for length in range(1, len(odds) + 1):
+        seconds = costs.verify_time(length)
+        assert seconds is not None  # two sizes are measured
+        rate = expected[length - 1] / seconds
+        # Ties go to the longer prefix: it emits more per round, and verifying it measures a new K.
+        if best_rate is None or rate >= best_rate * (1.0 - 1e-9):
+            best_length, best_rate = length, rate
+    if best_rate is not None and competing_rate is not None and best_rate < competing_rate:
+        return 0
+    return best_length
+
+
+def plain_chunk_size(hits: int, lookups: int) -> int:
+    """Tokens to decode plainly after a miss: short when lookups usually pay (a path's first token was right,
+    verified or declined), long when they rarely do."""
+    hit_rate = (hits + 1) / (lookups + 2)
+    return int(min(MAX_PLAIN_CHUNK, max(MIN_PLAIN_CHUNK, round(MIN_PLAIN_CHUNK / hit_rate))))
+
+
+def right_prefix(path: Sequence[int], said: Sequence[int]) -> tuple[int, int]:
+    """(positions compared, how many of them matched before the first difference)."""
+    compared = min(len(path), len(said))
+    return compared, next((i for i in range(compared) if path[i] != said[i]), compared)
+
+
+class LookupOdds:
+    """One request's lookup paths: their survival by position, hits and misses, and the worthwhile length."""
+
+    def __init__(self, costs: RouteCosts) -> None:
+        self._costs = costs
+        self.tried, self.right = np.zeros(MAX_K), np.zeros(MAX_K)
+        self.lookups = self.hits = 0
+
+    def observe(self, event: Event) -> None:
+        """Verified lookup rounds, and declined paths against what the target produced instead."""
+        if isinstance(event, RoundEvent) and event.source != "model":
+            self.lookups += 1
+            self._count(len(event.drafted), event.accepted)
+        elif isinstance(event, RoundEvent):
+            self._count(*right_prefix(event.declined, event.emitted))
+        elif isinstance(event, PlainEvent) and event.lookup_missed:
+            self.lookups += 1
+            self._count(*right_prefix(event.declined, event.tokens))
+
+    def _count(self, compared: int, right: int) -> None:
+        """Positions 0..compared-1 were tried; the first `right` were right."""
+        self.tried[:compared] += 1
+        self.right[:right] += 1
+        self.hits += right > 0
+
+    def survival(self, n: int) -> np.ndarray:
+        """P(a path is right up to position j), j < n: this request's counts with the route's as the prior."""
+        prior = np.array([e.value if e.value is not None else 1.0 for e in self._costs.lookup_survival[:n]])
+        return (self.right[:n] + PRIOR_WEIGHT * prior) / (self.tried[:n] + PRIOR_WEIGHT)
+
+    def length(self, estimates: Sequence[float], competing_rate: float | None) -> int:
+        """How many tokens of a path to verify (0: none), from its estimates and the survival so far."""
+        odds = np.minimum(1.0, np.asarray(estimates, dtype=float) * self.survival(len(estimates)))
+        return lookup_length(self._costs, odds.tolist(), competing_rate)
+
+    def chunk(self) -> int:
+        """Plain tokens to decode after a miss."""
+        return plain_chunk_size(self.hits, self.lookups)

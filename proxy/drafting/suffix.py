@@ -1,0 +1,172 @@
+"""Suffix lookup: continuations of the context's tail found in the request itself and in a route's recent outputs.
+
+SuffixDecoding (Oliaro et al. 2024, arXiv:2411.04975; Arctic Inference) keeps suffix trees and
+walks the most frequent continuation of the longest match. Here the "tree" is walked directly on
+token arrays with numpy: the occurrences of the context's tail (each with its match length) are a
+node, the tokens after them are its children, and the walk follows the most frequent child
+(ties: the most recent occurrence), estimating each token's probability as the fraction of the
+node's occurrences that continue with it. A path stops when that running probability falls below
+`min_prob`, or at `factor` × the match length: long matches earn long drafts, weak ones short.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+SEPARATOR = -1  # between documents in a corpus: no match or continuation crosses it
+MAX_MATCH = 64  # longest tail compared; longer matches say nothing more
+NODES_TRIED = 4  # distinct match lengths walked per lookup, longest first
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """A proposed path: its tokens and, for each, the estimated probability that the path is right up to it."""
+
+    tokens: tuple[int, ...]
+    probs: tuple[float, ...]  # non-increasing, in (0, 1]
+    match_length: int = 0
+    anchor: int = -1  # the corpus position of the latest occurrence it continues
+
+    @property
+    def score(self) -> float:
+        """Expected number of its tokens the target accepts, were the estimates right."""
+        return float(sum(self.probs))
+
+
+@dataclass(frozen=True)
+class LookupSettings:
+    """How far a suffix lookup goes."""
+
+    max_tokens: int = 32
+    min_prob: float = 0.1
+    factor: float = 1.0  # draft at most factor × match length tokens
+    min_match: int = 1
+    candidates: int = 1  # paths returned: the best, then branches off it
+
+
+def match_lengths(corpus: np.ndarray, query: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions p where corpus[..p] ends with the query's tail (with a token after p), and each match's length."""
+    if query.size == 0 or corpus.size < 2:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    ends = np.flatnonzero(corpus[:-1] == query[-1])
+    ends = ends[corpus[ends + 1] != SEPARATOR]
+    lengths = np.ones(ends.size, dtype=np.int64)
+    alive = np.ones(ends.size, dtype=bool)
+    for back in range(1, min(limit, query.size)):
+        before = ends - back
+        alive &= before >= 0
+        alive[alive] &= corpus[before[alive]] == query[-1 - back]
+        if not alive.any():
+            break
+        lengths += alive
+    return ends, lengths
+
+
+def _walk(corpus: np.ndarray, ends: np.ndarray, cap: int, min_prob: float, prefix: Continuation | None = None,
+          ) -> tuple[Continuation, list[tuple[float, int, int, np.ndarray]]]:
+    """Follow the most frequent continuation from a node; also the runner-up at each step (prob, depth, token, ends)."""
+    tokens = list(prefix.tokens) if prefix else []
+    probs = list(prefix.probs) if prefix else []
+    prob = probs[-1] if probs else 1.0
+    branches: list[tuple[float, int, int, np.ndarray]] = []
+    positions = ends + 1
+    while len(tokens) < cap and positions.size:
+        positions = positions[positions < corpus.size]
+        following = corpus[positions]
+        positions, following = positions[following != SEPARATOR], following[following != SEPARATOR]
+        if not following.size:
+            break
+        values, inverse, counts = np.unique(following, return_inverse=True, return_counts=True)
+        latest = np.full(values.size, -1, dtype=np.int64)
+        np.maximum.at(latest, inverse, positions)
+        order = np.lexsort((-latest, -counts))  # most frequent, then most recent
+        best = order[0]
+        if len(order) > 1:
+            second = order[1]
+            branches.append((float(prob * counts[second] / following.size), len(tokens), int(values[second]),
+                             positions[following == values[second]]))
+        prob *= float(counts[best] / following.size)
+        if prob < min_prob:
+            break
+        tokens.append(int(values[best]))
+        probs.append(prob)
+        positions = positions[following == values[best]] + 1
+    return Continuation(tuple(tokens), tuple(probs), *((prefix.match_length, prefix.anchor) if prefix else ())), branches
+
+
+def continuations(corpus: np.ndarray, query: np.ndarray, settings: LookupSettings) -> list[Continuation]:
+    """The best-scoring path after the query's tail in the corpus, then up to candidates − 1 branches off it."""
+    ends, lengths = match_lengths(corpus, query, MAX_MATCH)
+    keep = lengths >= settings.min_match
+    ends, lengths = ends[keep], lengths[keep]
+    best: tuple[Continuation, list] | None = None
+    for length in np.unique(lengths)[::-1][:NODES_TRIED]:
+        cap = min(settings.max_tokens, int(settings.factor * length))
+        node = ends[lengths >= length]
+        path, branches = _walk(corpus, node, cap, settings.min_prob)
+        path = Continuation(path.tokens, path.probs, int(length), int(node.max()))
+        if path.tokens and (best is None or path.score > best[0].score):
+            best = (path, branches)
+    if best is None:
+        return []
+    path, branches = best
+    found = [path]
+    for prob, depth, token, positions in sorted(branches, key=lambda b: -b[0])[: settings.candidates - 1]:
+        if prob < settings.min_prob or depth >= len(path.tokens):
+            continue
+        stem = Continuation((*path.tokens[:depth], token), (*path.probs[:depth], prob), path.match_length, path.anchor)
+        cap = min(settings.max_tokens, max(int(settings.factor * path.match_length), depth + 1))
+        found.append(_walk(corpus, positions, cap, settings.min_prob, stem)[0])
+    return found
+
+
+class OutputHistory:
+    """A route's recent outputs as one corpus, bounded in tokens, least recently used dropped first."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self._outputs: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._next_key = 0
+        self._corpus: np.ndarray | None = None
+        self._starts: np.ndarray = np.empty(0, dtype=np.int64)
+        self._keys: list[int] = []
+
+    @property
+    def tokens(self) -> int:
+        """Tokens held."""
+        return sum(output.size for output in self._outputs.values())
+
+    def add(self, output: Sequence[int]) -> None:
+        """Remember an output (too-short ones teach nothing)."""
+        if len(output) < 2:
+            return
+        self._outputs[self._next_key] = np.asarray(output[-self.max_tokens:], dtype=np.int64)
+        self._next_key += 1
+        while self.tokens > self.max_tokens:
+            self._outputs.popitem(last=False)
+        self._corpus = None
+
+    def corpus(self) -> np.ndarray:
+        """Every output, separated, oldest first (so later positions are more recent)."""
+        if self._corpus is None:
+            parts, starts, at = [], [], 0
+            for output in self._outputs.values():
+                starts.append(at)
+                parts += [output, np.array([SEPARATOR])]
+                at += output.size + 1
+            self._corpus = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+            self._starts, self._keys = np.array(starts, dtype=np.int64), list(self._outputs)
+        return self._corpus
+
+    def touch(self, position: int) -> None:
+        """Mark the output holding a corpus position as used (it is dropped last)."""
+        if self._corpus is None or not self._keys:
+            return
+        key = self._keys[int(np.searchsorted(self._starts, position, side="right")) - 1]
+        if key in self._outputs:
+            self._outputs.move_to_end(key)
+            self._corpus = None

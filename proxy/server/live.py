@@ -1,0 +1,227 @@
+"""GET /speculoos/live: a page of recent requests' tokens by origin and every route's decision, fed by SSE.
+
+Off unless `server.live: true` (404 otherwise). The page shows prompt and output text, so it answers
+only on a loopback address or on the address `server.host` names, and only to a Host header naming
+that address (a page elsewhere that rebinds its own name to ours gets a 404). Neither the page
+nor its stream carries a key or an Authorization header: they hold only tokens, timings and decisions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import math
+import time
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from proxy.decode.events import Subscriber
+from proxy.observability.live import PASSTHROUGH as PASSTHROUGH_ORIGIN
+from proxy.observability.live import LiveFeed, RoundTracker, Trace
+from proxy.server.passthrough import TokenMeter
+from proxy.server.runtime import CONFIG, RUNTIMES, RouteRuntime
+from proxy.wire.response import SSE_HEADERS
+
+SPECULATIVE, PASSTHROUGH = "speculative", "passthrough"
+PAGE_PATH, EVENTS_PATH = "/speculoos/live", "/speculoos/live/events"
+ROUTES_EVERY_S = 1.0  # how often an open page gets the routes' state
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
+OUTCOME_KEYS = ("mode", "reason", "status", "error", "finish_reason", "completion_tokens", "alpha", "rounds",
+                "drafted", "accepted", "switched_to_plain")
+PAGE_HEADERS = {
+    "Content-Type": "text/html; charset=utf-8",
+    "Cache-Control": "no-store",
+    # Everything is inline and the page talks to its own origin only.
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                               "connect-src 'self'; img-src data:; base-uri 'none'; frame-ancestors 'none'",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+}
+
+LIVE = web.AppKey("live", LiveFeed)
+PAGE = web.AppKey("live_page", bytes)
+TRACE = web.RequestKey("live_trace", Trace)
+
+
+def setup(app: web.Application) -> None:
+    """Register the page and its stream (404 when off); with `server.live`, the feed handlers report to."""
+    app.router.add_get(PAGE_PATH, page)
+    app.router.add_get(EVENTS_PATH, events)
+    if not app[CONFIG].server.live:
+        return
+    app[LIVE] = LiveFeed()
+    app[PAGE] = resources.files("proxy.server").joinpath("live_page.html").read_bytes()
+
+    async def end_streams(app: web.Application) -> None:
+        app[LIVE].close()
+
+    app.on_shutdown.append(end_streams)
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        address = ipaddress.ip_address(text.split("%", 1)[0])  # an IPv6 zone index is not part of the address
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped  # a dual-stack socket reports IPv4 peers this way
+    return address
+
+
+def serves_live(local_address: str | None, host_name: str | None, bind_host: str) -> bool:
+    """Whether a connection to `local_address`, naming `host_name` in its Host header, may see the live view."""
+    local = _ip(local_address or "")
+    if local is None or not host_name:
+        return False
+    bound = _ip(bind_host)
+    if not (local.is_loopback or (bind_host not in WILDCARD_HOSTS and bound == local)):
+        return False
+    named = _ip(host_name)
+    if named is not None:
+        return named == local
+    return (host_name.lower() == "localhost" and local.is_loopback) or host_name.lower() == bind_host.lower()
+
+
+def _feed(request: web.Request) -> LiveFeed:
+    """The feed, or a 404 when the view is off or asked for on another address."""
+    feed = request.app.get(LIVE)
+    sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    local = sockname[0] if isinstance(sockname, tuple) and sockname else None
+    try:
+        host_name = request.url.host
+    except ValueError:  # a Host header that is not a host
+        host_name = None
+    if feed is None or not serves_live(local, host_name, request.app[CONFIG].server.host):
+        raise web.HTTPNotFound()
+    return feed
+
+
+async def page(request: web.Request) -> web.Response:
+    """GET /speculoos/live: the page (one self-contained HTML file)."""
+    _feed(request)
+    return web.Response(body=request.app[PAGE], headers=PAGE_HEADERS)
+
+
+def _finite(value: Any) -> Any:
+    """JSON for a browser: no NaN or infinity (JSON.parse rejects them)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _route(runtime: RouteRuntime) -> dict[str, Any]:
+    occupancy = runtime.drafter.occupancy() if runtime.drafter is not None else None
+    draft = runtime.route.draft
+    status = runtime.controller.status()
+    if not runtime.speculates:  # the controller's state says nothing about a route that cannot speculate
+        status.update(mode=PASSTHROUGH, k=0, reason="passthrough only (no draft or non-verifying protocol)")
+    return _finite({
+        "route": runtime.name, "protocol": runtime.route.upstream.protocol,
+        "draft": None if draft is None else f"{draft.model} ({draft.kind})",
+        "draft_sequences": None if occupancy is None else {"in_use": occupancy[0], "total": occupancy[1]},
+        **status,
+    })
+
+
+def routes_message(app: web.Application) -> dict[str, Any]:
+    """Every route's mode, α, K, costs, predicted rates and why."""
+    return {"type": "routes", "now": time.time(), "routes": [_route(r) for r in app[RUNTIMES].values()]}
+
+
+def _sse(data: str) -> bytes:
+    return b"data: " + data.encode() + b"\n\n"
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    """GET /speculoos/live/events: a snapshot, then every event, and the routes every second."""
+    feed = _feed(request)
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    await response.prepare(request)
+    subscription = feed.subscribe()
+    try:
+        await response.write(_sse(json.dumps(feed.snapshot())))
+        await response.write(_sse(json.dumps(routes_message(request.app))))
+        routes_due = time.monotonic() + ROUTES_EVERY_S
+        while True:
+            try:
+                data = await asyncio.wait_for(subscription.queue.get(), ROUTES_EVERY_S)
+            except TimeoutError:
+                data = ""  # nothing happened: time to show the routes again
+            if data is None:
+                break  # the proxy is shutting down
+            if subscription.behind:
+                data = json.dumps(feed.catch_up(subscription))  # the snapshot covers what was dropped
+            if data:
+                await response.write(_sse(data))
+            if time.monotonic() >= routes_due:
+                await response.write(_sse(json.dumps(routes_message(request.app))))
+                routes_due = time.monotonic() + ROUTES_EVERY_S
+    except ConnectionResetError:
+        pass  # the page went away; its queue is freed below
+    finally:
+        feed.unsubscribe(subscription)
+    return response
+
+
+# -- what the generation handlers report ---------------------------------------------------------------
+
+
+def begin(request: web.Request, request_id: str, route: str, kind: str, body: dict[str, Any]) -> None:
+    """A generation request was routed."""
+    feed = request.app.get(LIVE)
+    if feed is not None:
+        request[TRACE] = feed.begin(request_id, route, kind, body)
+
+
+def round_subscribers(app: web.Application, request_id: str, runtime: RouteRuntime) -> list[Subscriber]:
+    """The subscribers that show a speculative generation's events (none when the view is off)."""
+    feed = app.get(LIVE)
+    trace = feed.get(request_id) if feed is not None else None
+    if feed is None or trace is None or runtime.drafter is None:
+        return []
+    feed.set_mode(trace, SPECULATIVE)
+    return [RoundTracker(feed, trace, runtime.drafter.vocabulary.token_bytes)]
+
+
+def passthrough_meter(request: web.Request) -> TokenMeter:
+    """The meter of a passthrough answer; with the view on, it also shows the answer's text."""
+    feed, trace = request.app.get(LIVE), request.get(TRACE)
+    if feed is None or trace is None:
+        return TokenMeter()
+    feed.set_mode(trace, PASSTHROUGH)
+    return LiveMeter(feed, trace)
+
+
+def end(request: web.Request, summary: dict[str, Any]) -> None:
+    """The request is over; `summary` is its log event (only outcome fields are shown)."""
+    feed, trace = request.app.get(LIVE), request.get(TRACE)
+    if feed is not None and trace is not None:
+        feed.end(trace, _finite({k: summary[k] for k in OUTCOME_KEYS if k in summary}))
+
+
+class LiveMeter(TokenMeter):
+    """A passthrough meter that also shows each answer's text as it is forwarded."""
+
+    def __init__(self, feed: LiveFeed, trace: Trace) -> None:
+        super().__init__()
+        self._feed = feed
+        self._trace = trace
+
+    def _count(self, body: dict) -> None:
+        super()._count(body)
+        pieces = []
+        for choice in body.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            for holder, key in ((choice.get("delta"), "content"), (choice, "text"), (choice.get("message"), "content")):
+                if isinstance(holder, dict) and isinstance(holder.get(key), str) and holder[key]:
+                    pieces.append((holder[key], PASSTHROUGH_ORIGIN))
+        if pieces:
+            self._feed.add_tokens(self._trace, pieces, None)

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Draft kinds side by side: prompt lookup, suffix lookup and hybrid (and the model) on the shipped workloads.
+
+Usage: scripts/bench_drafts.py [--target qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b]
+       [--kinds ngram,suffix,hybrid] [--workloads code_editing,...] [--prompts 3] [--max-tokens 128]
+       [--ks 0,1,2,4,8,16,32] [--out out/drafts]
+Starts one verifier and one proxy with a route per draft kind (matched by model name), measures the
+verifier's cost of a verification for each K next to plain decoding (scripts/bench_verifier.py),
+then runs `speculoos bench --modes auto` once per kind, recording each kind's trace for
+`speculoos bench --simulate`. Regime: shared cores (both servers on this machine, one thread each).
+Prints, per workload and kind: tokens/s against direct, α, tokens per round, and the speedup the
+cost model predicts from the run's own rounds and measured verification costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from proxy.bench.local import local_stack
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_bench(stack, kind: str, args: argparse.Namespace) -> dict:
+    """One `speculoos bench` run through the kind's route; its JSON document."""
+    document = args.out / f"{kind}.json"
+    command = [sys.executable, "-m", "proxy", "bench", "--direct", stack.verifier_url, "--proxy", stack.proxy_url,
+               "--model", kind, "--route", kind, "--modes", "auto", "--workloads", args.workloads,
+               "--prompts", str(args.prompts), "--repeat", "1", "--max-tokens", str(args.max_tokens),
+               "--json", str(document), "--record-trace", str(args.out / f"{kind}-trace.json"),
+               "--markdown", str(args.out / f"{kind}.md")]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return json.loads(document.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--kinds", default="ngram,suffix,hybrid")
+    parser.add_argument("--workloads", default="code_editing,code_completion,extraction,open_chat,creative")
+    parser.add_argument("--prompts", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--ks", default="0,1,2,4,8,16,32")
+    parser.add_argument("--out", type=Path, default=ROOT / "out" / "drafts")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    kinds = args.kinds.split(",")
+    with local_stack(args.target, args.draft, kinds=kinds) as stack:
+        print(f"regime: shared cores; {args.target} verifier and {args.draft} proxy on this machine, 1 thread each")
+        costs = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_verifier.py"), "--url",
+                                stack.verifier_url, "--ks", args.ks], check=True, capture_output=True, text=True)
+        print(costs.stdout)
+        documents = {kind: run_bench(stack, kind, args) for kind in kinds}
+    print("| workload | draft | direct tok/s | proxy tok/s | ÷ direct | α | tokens/round | predicted | efficiency |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for kind, document in documents.items():
+        rows = document["rows"]
+        for row in rows:
+            if row["mode"] != "auto":
+                continue
+            direct = next(r for r in rows if r["workload"] == row["workload"] and r["mode"] == "direct")
+            print(f"| {row['workload']} | {kind} | {_rate(direct)} | {_rate(row)} | {_fmt(row['speedup'])}× | "
+                  f"{_fmt(row['alpha'])} | {_fmt(row['tokens_per_round'], 1)} | {_fmt(row['predicted_speedup'])}× | "
+                  f"{_fmt(row['efficiency'])} |")
+    print(f"\nper-kind tables, JSON and traces: {args.out}")
+
+
+def _rate(row: dict) -> str:
+    spread = row.get("tokens_per_second")
+    return _fmt(spread["median"], 1) if spread else "–"
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Lookup paths: how much of one is worth verifying, the plain chunk after a miss, and α kept apart by source."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.config.schema import FallbackConfig
+from proxy.control.costs import RouteCosts
+from proxy.control.lookup import MAX_PLAIN_CHUNK, MIN_PLAIN_CHUNK, lookup_length, plain_chunk_size
+from proxy.control.policy import Decision, RequestPolicy
+from proxy.decode.events import PlainEvent, RoundEvent
+
+
+def measured(verify: dict[int, float]) -> RouteCosts:
+    costs = RouteCosts(0.1, 8)
+    for k, seconds in verify.items():
+        costs.record_round(k, k, 0.0, seconds, lookup=True)
+    return costs
+
+
+CPU = {1: 0.10, 4: 0.19, 16: 0.55}  # verification grows with K
+GPU = {1: 0.030, 4: 0.031, 16: 0.033}  # flat
+
+
+def test_nothing_measured_verifies_the_whole_path() -> None:
+    assert lookup_length(RouteCosts(0.1, 8), [0.9] * 12, competing_rate=None) == 12
+
+
+@pytest.mark.parametrize(("verify", "probs", "expected"), [
+    (GPU, [1.0] * 16, 16),  # flat cost: every sure token is worth verifying
+    (CPU, [1.0] * 16, 16),  # a sure copy pays even where verification is steep
+    (GPU, [1.0] * 4 + [0.2] * 12, 16),  # on a GPU the weak tail costs nearly nothing
+    (CPU, [1.0] * 4 + [0.2] * 12, 4),  # on a CPU it is cut where it stops paying
+])
+def test_the_worthwhile_prefix_depends_on_measured_costs(verify, probs, expected) -> None:
+    assert lookup_length(measured(verify), probs, competing_rate=None) == expected
+
+
+def test_a_path_slower_than_the_competition_is_not_verified() -> None:
+    costs = measured(CPU)
+    assert lookup_length(costs, [0.3], competing_rate=1 / 0.07) == 0  # 1.3 tokens in 0.1 s vs a 70 ms step
+    assert lookup_length(costs, [1.0] * 16, competing_rate=1 / 0.07) == 16
+
+
+def test_the_plain_rate_is_estimated_from_a_verification_of_nothing_until_measured() -> None:
+    costs = measured({0: 0.08, 4: 0.2})
+    assert costs.plain_rate_estimate() == pytest.approx(1 / 0.08)
+    costs.record_plain(tokens=50, seconds=50 * 0.07)
+    assert costs.plain_rate_estimate() == pytest.approx(1 / 0.07)
+
+
+@pytest.mark.parametrize(("hits", "lookups", "expected"), [
+    (0, 0, 8), (10, 10, MIN_PLAIN_CHUNK), (0, 10, MAX_PLAIN_CHUNK), (5, 10, 8)])
+def test_plain_chunks_grow_as_lookups_miss(hits: int, lookups: int, expected: int) -> None:
+    assert plain_chunk_size(hits, lookups) == expected
+
+
+def test_model_and_lookup_acceptance_are_kept_apart() -> None:
+    costs = RouteCosts(0.5, 8)
+    costs.record_round(4, 1, 0.1, 0.2)
+    costs.record_round(16, 16, 0.0, 0.5, lookup=True)
+    assert costs.alpha.value == 0.25 and costs.lookup_alpha.value == 1.0
+    assert costs.draft_per_token.samples == 1 and set(costs.verify_by_k) == {4, 16}
+
+
+def lookup_round(drafted: int, accepted: int) -> RoundEvent:
+    return RoundEvent("r", "route", 1, drafted, tuple(range(drafted)), accepted, (0,) * (accepted + 1), 0.0, 0.1,
+                      source="lookup")
+
+
+def test_a_request_learns_how_far_its_lookup_paths_hold() -> None:
+    costs = measured(CPU)
+    policy = RequestPolicy(costs, FallbackConfig(), 4, start=Decision(4, "configured"))
+    sure = [1.0] * 16
+    assert policy.lookup_length(sure) == 16
+    for _ in range(6):  # every path broke after its second token
+        policy.observe(lookup_round(16, 2))
+    assert policy.lookup_length(sure) == 2  # verifying further costs more than it is expected to emit
+    assert policy.lookup.survival(4) == pytest.approx([1.0, 1.0, 2 / 8, 2 / 8], abs=0.1)
+    assert (policy.lookup.lookups, policy.lookup.hits) == (6, 6)
+
+
+def test_declined_paths_are_checked_against_what_the_target_produced() -> None:
+    policy = RequestPolicy(measured(CPU), FallbackConfig(), 4, start=Decision(4, "configured"))
+    for _ in range(6):
+        policy.observe(lookup_round(16, 0))
+    assert policy.lookup_length([1.0] * 16) == 0  # declined: slower than plain decoding at these odds
+    path = tuple(range(16))
+    for _ in range(8):  # the declined paths were right after all: the chunks the target decoded say so
+        policy.observe(PlainEvent("r", "route", path[:8], 0.6, lookup_missed=True, declined=path))
+    assert policy.lookup_length([1.0] * 16) > 0
+    wrong = PlainEvent("r", "route", (9, 9, 9, 9), 0.3, lookup_missed=True, declined=(1, 2, 3))
+    hits = policy.lookup.hits
+    policy.observe(wrong)
+    assert policy.lookup.hits == hits and policy.lookup.tried[0] == 6 + 8 + 1

@@ -1,0 +1,113 @@
+"""Suffix lookup: matches, frequencies, recency, adaptive length, branches, the bounded history, and the drafters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from proxy.drafting.base import DraftPlan
+from proxy.drafting.lookup import HybridDrafter, SuffixDrafter
+from proxy.drafting.suffix import LookupSettings, OutputHistory, continuations, match_lengths
+from proxy.sampling.processors import SamplingParams
+from tests.fakes.drafter import ScriptedDrafter
+
+WIDE = LookupSettings(max_tokens=32, min_prob=0.1, factor=8.0)
+
+
+def best(corpus: list[int], query: list[int] | None = None, settings: LookupSettings = WIDE) -> tuple[int, ...]:
+    found = continuations(np.array(corpus), np.array(corpus if query is None else query), settings)
+    return found[0].tokens if found else ()
+
+
+def test_match_lengths_count_how_far_each_occurrence_matches_the_tail() -> None:
+    corpus = np.array([7, 1, 2, 3, 9, 2, 3, 8, 1, 2, 3])
+    ends, lengths = match_lengths(corpus, corpus, 64)
+    assert dict(zip(ends.tolist(), lengths.tolist(), strict=True)) == {3: 3, 6: 2}  # the tail itself is excluded
+
+
+@pytest.mark.parametrize(("corpus", "expected"), [
+    ([1, 2, 3, 4, 5, 1, 2], (3, 4, 5, 1, 2)),  # the continuation of the match, as long as 8 × the match allows
+    ([1, 2, 3], ()),  # nothing repeats
+    ([5, 1, 2, 9, 1, 2, 7, 0, 1, 2], (7, 0, 1, 2)),  # a tie in frequency: the most recent occurrence wins
+    ([1, 2, 3, 9, 2, 3, 8, 1, 2, 3], (9, 2, 3, 8, 1, 2, 3)),  # the longest match wins over a later shorter one
+])
+def test_best_path(corpus: list[int], expected: tuple[int, ...]) -> None:
+    assert best(corpus) == expected
+
+
+def test_the_most_frequent_continuation_wins_over_the_latest() -> None:
+    corpus = [1, 2, 5, 0, 1, 2, 5, 0, 1, 2, 6, 0, 1, 2]
+    found = continuations(np.array(corpus), np.array(corpus), LookupSettings(max_tokens=1, factor=8.0))
+    assert found[0].tokens == (5,) and found[0].probs == pytest.approx((2 / 3,))
+
+
+def test_length_follows_the_match_length() -> None:
+    text = list(range(10, 40))
+    corpus = text + [99, 98] + text[:3]  # the tail matches 3 tokens
+    for factor, length in [(1.0, 3), (2.0, 6), (8.0, 24)]:
+        assert len(best(corpus, settings=LookupSettings(max_tokens=32, factor=factor))) == length
+    assert len(best(text + [99] + text[:20], settings=LookupSettings(max_tokens=32))) == 20  # 20 matched
+    assert len(best(corpus, settings=LookupSettings(max_tokens=4, factor=8.0))) == 4
+
+
+def test_a_path_stops_where_its_probability_falls_below_min_prob() -> None:
+    # After (1, 2): 3 every time; after (1, 2, 3): 4, 5, 6 or 7, each with probability 1/4.
+    corpus = [1, 2, 3, 4, 10, 1, 2, 3, 5, 11, 1, 2, 3, 6, 12, 1, 2, 3, 7, 13, 1, 2]
+    assert best(corpus, settings=LookupSettings(min_prob=0.3, factor=8.0)) == (3,)
+    assert best(corpus, settings=LookupSettings(min_prob=0.2, factor=8.0)) == (3, 7, 13, 1, 2)  # the latest of 4
+
+
+def test_candidates_branch_off_the_best_path() -> None:
+    corpus = [7, 1, 2, 3, 4, 0, 7, 1, 2, 3, 5, 9, 8, 7, 1, 2]
+    found = continuations(np.array(corpus), np.array(corpus), LookupSettings(factor=8.0, candidates=3))
+    assert [c.tokens[:3] for c in found] == [(3, 5, 9), (3, 4, 0)]
+    assert found[1].probs[:2] == pytest.approx((1.0, 0.5))
+
+
+def test_history_is_bounded_and_drops_the_least_recently_used() -> None:
+    history = OutputHistory(max_tokens=10)
+    history.add([1, 2, 3, 4])
+    history.add([5, 6, 7, 8])
+    history.corpus()
+    history.touch(0)  # the first output was used: the second goes first
+    history.add([9, 9, 9])
+    assert history.tokens <= 10
+    corpus = history.corpus().tolist()
+    assert 1 in corpus and 5 not in corpus and corpus.count(-1) == 2
+    history.add([42])  # too short to teach anything
+    assert 42 not in history.corpus().tolist()
+
+
+def test_matches_never_cross_from_one_output_into_the_next() -> None:
+    history = OutputHistory(max_tokens=100)
+    history.add([1, 2])
+    history.add([3, 4])
+    assert continuations(history.corpus(), np.array([1, 2]), WIDE) == []
+
+
+def plan(k: int = 8, worth=None, request_id: str = "r") -> DraftPlan:
+    return DraftPlan(k, SamplingParams(temperature=0.0), (), 1, np.random.default_rng(0), request_id, k, worth)
+
+
+async def test_the_route_history_serves_later_requests_unless_kept_apart() -> None:
+    model = ScriptedDrafter(lambda context, k: [])
+    for history_tokens, expected in [(1000, (4, 5, 6, 7)), (0, ())]:
+        drafter = SuffixDrafter(model, LookupSettings(factor=8.0), history_tokens=history_tokens)
+        drafter.reserve("first", [1])
+        await drafter.propose([1, 2, 3, 4, 5, 6, 7], plan(request_id="first"))
+        drafter.release("first")
+        drafter.reserve("second", [8])
+        assert (await drafter.propose([8, 2, 3], plan(request_id="second"))).tokens == expected
+
+
+async def test_the_policy_trims_lookup_paths_and_a_hybrid_falls_back_to_its_model() -> None:
+    model = ScriptedDrafter(lambda context, k: [11] * k)
+    context = [1, 2, 3, 4, 5, 6, 1, 2, 3]
+    suffix = SuffixDrafter(model, LookupSettings(factor=8.0))
+    assert (await suffix.propose(context, plan(worth=lambda probs: 2))).tokens == (4, 5)
+    assert (await suffix.propose(context, plan(worth=lambda probs: 0))).tokens == ()
+    hybrid = HybridDrafter(model, LookupSettings(factor=8.0))
+    found = await hybrid.propose(context, plan(k=3))
+    assert found.tokens[:3] == (4, 5, 6) and found.source == "lookup"
+    fallback = await hybrid.propose(context, plan(k=3, worth=lambda probs: 0))
+    assert fallback.tokens == (11, 11, 11) and fallback.source == "model"
