@@ -81,9 +81,10 @@ class RequestPolicy:
     """One request's K each round, from its own acceptance so far and the route's costs."""
 
     def __init__(self, costs: RouteCosts, settings: FallbackConfig, configured_k: int, start: Decision,
-                 *, forced: bool = False) -> None:
+                 *, forced: bool = False, explore: bool = True) -> None:
         self._costs, self._settings, self._configured_k = costs, settings, configured_k
         self._forced = forced  # the client asked to speculate: never switch to plain decoding
+        self._explore = explore  # a route in passthrough: try the configured K for the first rounds
         self.current = start  # the route's decision when the request started
         self.rounds = self.drafted = self.accepted = 0  # drafted and accepted: the model draft's
         self.lookup = LookupOdds(costs)
@@ -107,15 +108,16 @@ class RequestPolicy:
         return self.lookup.chunk()
 
     def _model_rate(self) -> float | None:
-        """The model draft's predicted tokens/s at this request's K (None without a measured model draft)."""
+        """The model draft's predicted tokens/s at this request's K (None when it is off or not measured)."""
+        k = self.next_k().k if self.rounds >= MIN_ROUNDS_BEFORE_SWITCH else self.current.k
         alpha = self.accepted / self.drafted if self.drafted else None
-        return self._costs.speculative_rate(self.current.k or self._configured_k, alpha)
+        return self._costs.speculative_rate(k, alpha) if k > 0 else None
 
     def next_k(self) -> Decision:
         """K for the next round; 0 to continue by plain decoding."""
         if self.rounds < MIN_ROUNDS_BEFORE_SWITCH:
             # A probe starts from a route in passthrough (k = 0): it explores at the configured k.
-            return Decision(self.current.k or self._configured_k, self.current.reason)
+            return Decision(self.current.k or (self._configured_k if self._explore else 0), self.current.reason)
         alpha = self.accepted / self.drafted if self.drafted else self._costs.alpha.value
         rounds = self.rounds if self.drafted else self._costs.alpha.samples
         self.current = choose_k(self._costs, self._settings, self._configured_k, alpha=alpha, alpha_rounds=rounds,

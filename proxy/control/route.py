@@ -23,6 +23,7 @@ class RouteController:
 
     settings: FallbackConfig
     configured_k: int
+    looks_up: bool = False  # the route's drafter proposes lookup paths: each request decides round by round
     clock: Callable[[], float] = time.monotonic
     costs: RouteCosts = field(init=False)
     current: Decision = field(init=False)
@@ -52,34 +53,51 @@ class RouteController:
         return self.current
 
     def policy(self, *, forced: bool = False) -> RequestPolicy:
-        """A new request's policy, starting from the route's decision."""
-        return RequestPolicy(self.costs, self.settings, self.configured_k, self.current, forced=forced)
+        """A new request's policy, starting from the route's decision.
+
+        On a route that looks up, every request speculates, so the model draft, once the route has
+        turned it off, is explored again only at the probes' pace, not by every request.
+        """
+        explore = not self.looks_up or self.current.k > 0 or forced or self._probe_due()
+        return RequestPolicy(self.costs, self.settings, self.configured_k, self.current, forced=forced,
+                             explore=explore)
 
     def start_request(self) -> tuple[bool, str]:
         """Whether a new request should speculate, and why."""
+        if self.looks_up:
+            # A lookup round or a plain chunk costs about what passthrough does, and the request
+            # itself chooses between them (and the model draft, if any) every round.
+            return True, f"lookup drafts decide per round (model draft: {self.current.reason})"
         if self.current.k > 0:
             if self.costs.plain_rate is None and self.costs.alpha.samples >= MIN_ROUNDS_BEFORE_SWITCH:
                 return False, "measuring the passthrough rate"
             return True, self.current.reason
-        self.requests_since_probe += 1
-        due = (self.requests_since_probe >= self.settings.probe_every_requests
-               or self.clock() - self.last_probe >= self.settings.probe_every_seconds)
-        if due:
-            self.requests_since_probe = 0
-            self.last_probe = self.clock()
+        if self._probe_due():
             return True, "probing speculation again"
         if self.costs.plain_rate is None:
             return False, "measuring the passthrough rate"
         return False, self.current.reason
 
+    def _probe_due(self) -> bool:
+        """Count a request; True (and the count restarts) every N requests or T seconds."""
+        self.requests_since_probe += 1
+        if (self.requests_since_probe < self.settings.probe_every_requests
+                and self.clock() - self.last_probe < self.settings.probe_every_seconds):
+            return False
+        self.requests_since_probe = 0
+        self.last_probe = self.clock()
+        return True
+
     def status(self) -> dict:
         """A JSON-friendly snapshot for /speculoos/status."""
         s, costs = self.settings, self.costs
         return {
-            "mode": "speculative" if self.current.k > 0 else "passthrough",
+            "mode": "speculative" if self.current.k > 0 or self.looks_up else "passthrough",
             "k": self.current.k,
             "reason": self.current.reason,
             "alpha": costs.alpha.value,
+            "lookup_alpha": costs.lookup_alpha.value,
+            "lookup_survival": [e.value for e in costs.lookup_survival if e.value is not None],
             "alpha_per_position": [e.value for e in costs.alpha_per_position],
             "draft_seconds_per_token": costs.draft_per_token.value,
             "verify_seconds_by_k": {k: e.value for k, e in sorted(costs.verify_by_k.items())},

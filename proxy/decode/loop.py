@@ -30,7 +30,9 @@ async def speculative_tokens(session: Session, drafter: Drafter, target: Target)
     while produced < session.max_tokens:
         remaining = session.max_tokens - produced
         decision = session.policy.next_k()
-        if decision.k == 0 or worst_tv > session.max_tv:  # plain decoding is exact and always allowed
+        # K = 0 ends speculation for a model draft; a lookup drafter goes on, in plain chunks where
+        # nothing is worth verifying. Plain decoding is exact and always allowed.
+        if (decision.k == 0 and not drafter.looks_up) or worst_tv > session.max_tv:
             reason = decision.reason if decision.k == 0 else f"error bound {worst_tv:.3g} above max_tv"
             session.publish(SwitchEvent(session.request_id, session.route, reason))
             async for tokens in plain_tokens(session, target, context, remaining):

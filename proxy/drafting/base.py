@@ -73,6 +73,7 @@ class Drafter(Protocol):
     """What the round loop needs from a draft."""
 
     vocabulary: Vocabulary
+    looks_up: bool  # proposes lookup paths (free): plain decoding is then decided round by round
 
     def reserve(self, request_id: str, context: Sequence[int]) -> bool:
         """Hold what a request needs for its lifetime (a sequence); False when nothing is free."""

@@ -34,6 +34,7 @@ class LlamaDrafter:
         self._sequences: dict[str, int] = {}  # request id -> its sequence
         self._copies: dict[str, asyncio.Future[None]] = {}  # request id -> its sequence's start, being copied
         self.vocabulary = engine.vocabulary
+        self.looks_up = False
 
     @classmethod
     def load(cls, options: EngineOptions) -> LlamaDrafter:

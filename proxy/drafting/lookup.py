@@ -38,6 +38,7 @@ class LookupDrafter:
     def __init__(self, tokenizer: Drafter, *, max_ngram: int = 3, min_ngram: int = 1) -> None:
         self._tokenizer = tokenizer
         self.vocabulary = tokenizer.vocabulary
+        self.looks_up = True
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
     def reserve(self, request_id: str, context: Sequence[int]) -> bool:
@@ -53,7 +54,7 @@ class LookupDrafter:
 
     async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
         """Draft by lookup (possibly nothing), with one-hot distributions."""
-        tokens = tuple(lookup(context, plan.k, max_ngram=self.max_ngram, min_ngram=self.min_ngram))
+        tokens = tuple(lookup(context, plan.lookup_k or plan.k, max_ngram=self.max_ngram, min_ngram=self.min_ngram))
         return Draft(tokens, one_hot(tokens, self.vocabulary.n_vocab))
 
     def fits(self, n_tokens: int) -> bool:
@@ -133,9 +134,9 @@ class HybridDrafter(SuffixDrafter):
         return self._tokenizer.occupancy()
 
     async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
-        """Lookup first; the model when lookup finds nothing worth verifying."""
+        """Lookup first; the model when lookup finds nothing worth verifying (and the model's K is not 0)."""
         found = await super().propose(context, plan)
-        if len(found):
+        if len(found) or plan.k == 0:
             return found
         return replace(await self._tokenizer.propose(context, plan), declined=found.declined)
 

@@ -221,7 +221,8 @@ class RoundTracker:
             origins = round_origins(len(event.drafted), event.accepted, len(event.emitted))
             info = {"index": event.index, "k": event.k, "drafted": len(event.drafted), "accepted": event.accepted,
                     "emitted": len(event.emitted), "draft_ms": round(event.draft_seconds * 1000, 2),
-                    "verify_ms": round(event.verify_seconds * 1000, 2)}
+                    "verify_ms": round(event.verify_seconds * 1000, 2), "source": event.source,
+                    "candidates": event.candidates}
             self._feed.add_tokens(self._trace, [(self._text(t), o) for t, o in zip(event.emitted, origins)], info)
         elif isinstance(event, PlainEvent):
             self._feed.add_tokens(self._trace, [(self._text(t), PLAIN) for t in event.tokens], None)

@@ -17,6 +17,8 @@ Script = Callable[[Sequence[int], int], Sequence[int]]  # (context, k) -> the to
 class _Stateless:
     """What a test drafter needs beyond `propose`: no sequences, no context limit, nothing to free."""
 
+    looks_up = False
+
     def reserve(self, request_id: str, context: Sequence[int]) -> bool:
         return True
 
@@ -43,7 +45,8 @@ class ScriptedDrafter(_Stateless):
 
     async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
         self.calls.append((len(context), plan.k))
-        tokens = tuple(self.script(context, plan.k))[: plan.k]
+        k = plan.lookup_k if self.looks_up else plan.k  # a lookup drafter's paths follow lookup_k
+        tokens = tuple(self.script(context, k))[:k]
         return Draft(tokens, one_hot(tokens, self.vocabulary.n_vocab))
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from proxy.config.schema import FallbackConfig
-from proxy.control.policy import MIN_ROUNDS_BEFORE_SWITCH
+from proxy.control.policy import MIN_ROUNDS_BEFORE_SWITCH, Decision
 from proxy.control.route import RouteController
 from tests.unit.control.test_costs import feed_rounds, round_event
 
@@ -69,3 +69,18 @@ def test_status_is_json_friendly() -> None:
     status = c.status()
     assert json.loads(json.dumps(status))["mode"] == "speculative"
     assert status["alpha"] == pytest.approx(0.75)
+
+
+def test_a_route_that_looks_up_lets_every_request_decide_per_round() -> None:
+    controller = RouteController(FallbackConfig(), configured_k=4, looks_up=True)
+    controller.current = Decision(0, "speculation predicted 5 tok/s at k=1 vs 7 tok/s plain")
+    speculate, why = controller.start_request()
+    assert speculate and "per round" in why and "7 tok/s plain" in why
+    assert controller.status()["mode"] == "speculative"
+
+
+def test_a_route_that_looks_up_explores_a_model_it_turned_off_only_at_probes() -> None:
+    controller = RouteController(FallbackConfig(probe_every_requests=3), configured_k=4, looks_up=True)
+    controller.current = Decision(0, "speculation predicted 5 tok/s at k=1 vs 7 tok/s plain")
+    ks = [controller.policy().next_k().k for _ in range(6)]
+    assert ks == [0, 0, 4, 0, 0, 4]  # every third request tries the model again

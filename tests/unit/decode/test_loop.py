@@ -115,11 +115,12 @@ class SwitchAfter(PinnedPolicy):
 
 
 async def run(served: Served, drafter: Drafter, max_tokens: int, *, k: int = 4, policy=None,
-              params: SamplingParams = GREEDY, seed: int | None = 1) -> tuple[list[list[int]], list[Event]]:
+              params: SamplingParams = GREEDY, seed: int | None = 1,
+              lookup_k: int = 0) -> tuple[list[list[int]], list[Event]]:
     events: list[Event] = []
     policy = policy or PinnedPolicy(k)
     session = Session("req", "route", PROMPT, max_tokens, params, served.target.order, TOP_N, policy,
-                      RequestRandom.from_seed(seed), Publisher([policy.observe, events.append]))
+                      RequestRandom.from_seed(seed), Publisher([policy.observe, events.append]), lookup_k=lookup_k)
     batches = [batch async for batch in speculative_tokens(session, drafter, served.target)]
     return batches, events
 
@@ -261,3 +262,18 @@ async def test_several_candidates_are_verified_in_one_round_and_the_right_one_is
     assert sum(batches, []) == served.model.greedy(PROMPT, 12)
     assert all(e.candidates == 2 and e.accepted == 3 and e.source == "lookup" for e in rounds(events))
     assert len(served.bodies(scoring=True)) == 2 * len(rounds(events))  # both paths scored every round
+
+
+async def test_a_lookup_drafter_keeps_looking_when_the_policy_turns_the_model_off(served: Served) -> None:
+    calls = []
+
+    def lookup_then_nothing(context, k):
+        calls.append(k)
+        return served.model.greedy(context, 3) if len(calls) % 2 else []
+
+    drafter = ScriptedDrafter(lookup_then_nothing)
+    drafter.looks_up = True
+    batches, events = await run(served, drafter, 16, policy=SwitchAfter(k=3, rounds=0), lookup_k=8)
+    assert sum(batches, []) == served.model.greedy(PROMPT, 16)
+    assert {type(e).__name__ for e in events} == {"RoundEvent", "PlainEvent"}  # no switch: lookups go on
+    assert {k for _, k in drafter.calls} == {0}  # the model's K stayed 0
