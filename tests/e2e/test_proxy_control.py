@@ -30,7 +30,7 @@ class SwitchableDrafter:
     """The real draft, which proposes garbage (wrong tokens, honestly reported) after `bad_after_rounds` rounds."""
 
     def __init__(self, inner: LlamaDrafter) -> None:
-        self.inner, self.vocabulary = inner, inner.vocabulary
+        self.inner, self.vocabulary, self.looks_up = inner, inner.vocabulary, inner.looks_up
         self.bad_after_rounds: int | None = None
         self.rounds = 0
 
