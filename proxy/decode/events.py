@@ -17,7 +17,7 @@ class RoundEvent:
     request_id: str
     route: str
     index: int  # 0 for a generation's first round, which also pays the prompt's prefill on both sides
-    k: int  # the K asked of the drafter
+    k: int  # the most asked of the drafter: the model's K, or the longest lookup path allowed
     drafted: tuple[int, ...]  # the tokens the drafter proposed (possibly fewer than k)
     accepted: int  # how many of them the target accepted
     emitted: tuple[int, ...]  # what the round added to the output (accepted drafts + one target token, cut

@@ -43,7 +43,8 @@ async def speculative_tokens(session: Session, drafter: Drafter, target: Target)
         # the target's distribution).
         cap = max(remaining - 1, 1)
         started = time.perf_counter()
-        draft = await drafter.propose(context, session.draft_plan(min(decision.k, cap), cap))
+        plan = session.draft_plan(min(decision.k, cap), cap)
+        draft = await drafter.propose(context, plan)
         drafted_at = time.perf_counter()
         if not draft.tokens:
             tokens = await plain_chunk(session, target, context, min(session.policy.plain_chunk(), remaining),
@@ -53,7 +54,8 @@ async def speculative_tokens(session: Session, drafter: Drafter, target: Target)
             emitted, accepted, followed, tv_bound = await _verify(session, target, context, draft)
             emitted = _until_end(emitted[:remaining], is_end)
             worst_tv = max(worst_tv, tv_bound)
-            session.publish(RoundEvent(session.request_id, session.route, index, len(followed), followed, accepted,
+            asked = plan.k if draft.source == "model" else plan.lookup_k
+            session.publish(RoundEvent(session.request_id, session.route, index, asked, followed, accepted,
                                        emitted, drafted_at - started, time.perf_counter() - drafted_at, tv_bound,
                                        draft.source, 1 + len(draft.alternatives), draft.declined))
             index += 1
