@@ -77,7 +77,7 @@ async def _verify(session: Session, target: Target, context: list[int],
         return result.emitted, result.accepted, draft.tokens, scores.tv_bound
     paths = (draft.tokens, *draft.alternatives)
     vocab = draft.probs.shape[1]
-    candidates = [Draft(path, one_hot(path, vocab), draft.source) for path in paths]
+    candidates = [draft, *(Draft(path, one_hot(path, vocab), draft.source) for path in draft.alternatives)]
     plans = [session.score_plan() for _ in paths]  # drawn in order, so a seeded request's seeds do not depend on timing
     scored = await asyncio.gather(*(target.score(context, c, plan) for c, plan in zip(candidates, plans, strict=True)))
     tree = verify_candidates(paths, [s.support for s in scored], session.random.accept)

@@ -67,8 +67,9 @@ def match_lengths(corpus: np.ndarray, query: np.ndarray, limit: int) -> tuple[np
 
 
 def _walk(corpus: np.ndarray, ends: np.ndarray, cap: int, min_prob: float, prefix: Continuation | None = None,
-          ) -> tuple[Continuation, list[tuple[float, int, int, np.ndarray]]]:
-    """Follow the most frequent continuation from a node; also the runner-up at each step (prob, depth, token, ends)."""
+          *, branches_wanted: bool = False) -> tuple[Continuation, list[tuple[float, int, int, np.ndarray]]]:
+    """Follow the most frequent continuation from a node; also, if wanted, the runner-up at each step
+    (prob, depth, token, ends)."""
     tokens = list(prefix.tokens) if prefix else []
     probs = list(prefix.probs) if prefix else []
     prob = probs[-1] if probs else 1.0
@@ -85,7 +86,7 @@ def _walk(corpus: np.ndarray, ends: np.ndarray, cap: int, min_prob: float, prefi
         np.maximum.at(latest, inverse, positions)
         order = np.lexsort((-latest, -counts))  # most frequent, then most recent
         best = order[0]
-        if len(order) > 1:
+        if branches_wanted and len(order) > 1:
             second = order[1]
             branches.append((float(prob * counts[second] / following.size), len(tokens), int(values[second]),
                              positions[following == values[second]]))
@@ -107,7 +108,7 @@ def continuations(corpus: np.ndarray, query: np.ndarray, settings: LookupSetting
     for length in np.unique(lengths)[::-1][:NODES_TRIED]:
         cap = min(settings.max_tokens, int(settings.factor * length))
         node = ends[lengths >= length]
-        path, branches = _walk(corpus, node, cap, settings.min_prob)
+        path, branches = _walk(corpus, node, cap, settings.min_prob, branches_wanted=settings.candidates > 1)
         path = Continuation(path.tokens, path.probs, int(length), int(node.max()))
         if path.tokens and (best is None or path.score > best[0].score):
             best = (path, branches)
