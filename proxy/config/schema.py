@@ -144,6 +144,8 @@ class SpeculationConfig(_Section):
     sampling: Literal["exact", "bounded"] = "exact"
     max_tv: float = Field(default=0.0, ge=0, le=1)
     top_logprobs: int = Field(default=20, ge=1, le=100)
+    # Draft-ahead: while a round is being verified, draft the next one as if every draft is accepted.
+    pipeline: bool = True
 
     @field_validator("max_tv")
     @classmethod

@@ -7,6 +7,7 @@ request on the route feeds them; none of them decides anything.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,7 +16,24 @@ from proxy.config.schema import MAX_K
 from proxy.decode.events import Event, PlainEvent, RoundEvent
 
 UNMEASURED_ALPHA = 0.5  # a neutral prior before any round was seen
+RECENT_VERIFICATIONS = 256  # the window the context slope is fitted over
+MIN_SLOPE_SAMPLES = 16
+MIN_CONTEXT_SPREAD = 32  # tokens (standard deviation within a K): less cannot tell a slope from noise
 MIN_PLAIN_TOKENS = 4  # shorter passthrough answers say little about the decoding rate
+
+
+def round_seconds(k: int, alpha: float, draft_per_token: float, verify: float, *, pipelined: bool) -> float:
+    """Expected time of a round of k drafts, from the end of the previous round.
+
+    Sequential: draft k tokens, then the round trip and verification. Pipelined: the next round
+    is drafted (a guessed target token, then k drafts) while this one is verified; it is used when
+    all k drafts and the guess are right, about α^(k+1) of rounds, and the draft then costs only
+    what outlasts the verification.
+    """
+    if not pipelined:
+        return k * draft_per_token + verify
+    hit = alpha ** (k + 1)
+    return verify + (1.0 - hit) * k * draft_per_token + hit * max(0.0, (k + 1) * draft_per_token - verify)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -45,13 +63,16 @@ class RouteCosts:
 
     weight: float  # the EWMA weight of a new observation
     k_max: int  # positions tracked for α per position
+    pipelined: bool = False  # the route's requests draft ahead while a round is verified
     alpha: Ewma = field(init=False)  # the model draft's
     lookup_alpha: Ewma = field(init=False)  # lookup drafts'
     lookup_survival: list[Ewma] = field(init=False)  # per position j: a lookup path was right up to j
     alpha_per_position: list[Ewma] = field(init=False)
     draft_per_token: Ewma = field(init=False)
     verify_by_k: dict[int, Ewma] = field(init=False)
+    context_by_k: dict[int, Ewma] = field(init=False)  # the context lengths those verifications saw
     plain_per_token: Ewma = field(init=False)
+    recent: deque[tuple[int, int, float]] = field(init=False)  # (k, context, seconds) of recent verifications
 
     def __post_init__(self) -> None:
         self.alpha = Ewma(self.weight)
@@ -60,22 +81,27 @@ class RouteCosts:
         self.alpha_per_position = [Ewma(self.weight) for _ in range(self.k_max)]
         self.draft_per_token = Ewma(self.weight)
         self.verify_by_k = {}
+        self.context_by_k = {}
         self.plain_per_token = Ewma(self.weight)
+        self.recent = deque(maxlen=RECENT_VERIFICATIONS)
 
     def observe(self, event: Event) -> None:
         """Fold in a speculative generation's round or plain chunk."""
         if isinstance(event, RoundEvent):
             self.record_round(len(event.drafted), event.accepted, event.draft_seconds, event.verify_seconds,
-                              costs=event.warm and event.candidates == 1, lookup=event.source != "model")
+                              costs=event.warm and event.candidates == 1, lookup=event.source != "model",
+                              ahead_seconds_per_token=event.ahead_seconds_per_token, context=event.context)
         elif isinstance(event, PlainEvent):
             self.record_plain(len(event.tokens), event.seconds)
 
     def record_round(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float,
-                     *, costs: bool = True, lookup: bool = False) -> None:
+                     *, costs: bool = True, lookup: bool = False, ahead_seconds_per_token: float | None = None,
+                     context: int = 0) -> None:
         """One round's outcome, and its costs unless they include a prefill or several candidates (costs=False).
 
         α and the draft's time per token describe the model draft (what K is chosen for); lookup
-        rounds have their own α, and every round measures verification time by K.
+        rounds have their own α, and every round measures verification time by K. A round drafted
+        ahead only waited for the end of its draft: the draft's speed is what the pre-draft measured.
         """
         if k > 0 and lookup:
             self.lookup_alpha.add(accepted / k)
@@ -88,8 +114,11 @@ class RouteCosts:
         if not costs:
             return
         if k > 0 and not lookup:
-            self.draft_per_token.add(draft_seconds / k)
+            self.draft_per_token.add(ahead_seconds_per_token if ahead_seconds_per_token is not None
+                                     else draft_seconds / k)
         self.verify_by_k.setdefault(k, Ewma(self.weight)).add(verify_seconds)
+        self.context_by_k.setdefault(k, Ewma(self.weight)).add(context)
+        self.recent.append((k, context, verify_seconds))
 
     def record_plain(self, tokens: int, seconds: float) -> None:
         """Target-only decoding: a passthrough answer or a plain chunk after a mid-stream switch."""
@@ -100,8 +129,36 @@ class RouteCosts:
         """How many different K have a measured verification time."""
         return sum(e.value is not None for e in self.verify_by_k.values())
 
-    def verify_time(self, k: int) -> float | None:
-        """Predicted verification time for k drafts: measured, or a line fitted through what was measured."""
+    def context_slope(self) -> float:
+        """Seconds a verification gains per token of context (0 until contexts varied enough to tell).
+
+        Fitted over recent verifications, each against the mean of those with the same K, so the
+        slope is not confused with the cost of K. A server that evaluates the whole context again
+        every round (vLLM without a prefix-cache hit) shows it; one that caches it shows about 0.
+        """
+        rows = np.array(self.recent, dtype=float).reshape(-1, 3)
+        spread = seconds = 0.0
+        for k in np.unique(rows[:, 0]):
+            group = rows[rows[:, 0] == k]
+            contexts = group[:, 1] - group[:, 1].mean()
+            spread += float(contexts @ contexts)
+            seconds += float(contexts @ (group[:, 2] - group[:, 2].mean()))
+        if len(rows) < MIN_SLOPE_SAMPLES or spread < len(rows) * MIN_CONTEXT_SPREAD**2:
+            return 0.0
+        return max(seconds / spread, 0.0)
+
+    def verify_time(self, k: int, context: int | None = None) -> float | None:
+        """Predicted verification time for k drafts (after `context` tokens, when given)."""
+        base = self._verify_time(k)
+        if base is None or context is None:
+            return base
+        seen = self.context_by_k.get(k)
+        typical = seen.value if seen and seen.value is not None else np.mean(
+            [e.value for e in self.context_by_k.values() if e.value is not None])
+        return max(base + self.context_slope() * (context - float(typical)), 1e-6)
+
+    def _verify_time(self, k: int) -> float | None:
+        """Verification time for k drafts at the route's typical context: measured, or a line through what was."""
         measured = {kk: e.value for kk, e in self.verify_by_k.items() if e.value is not None}
         if k in measured:
             return measured[k]
@@ -116,14 +173,17 @@ class RouteCosts:
         slope, intercept = np.polyfit(ks, np.array(list(measured.values())), 1)
         return max(float(intercept + slope * k), 1e-6)
 
-    def speculative_rate(self, k: int, alpha: float | None = None) -> float | None:
-        """Predicted tokens/s with k drafts per round (at the route's α unless one is given)."""
-        verify = self.verify_time(k)
+    def speculative_rate(self, k: int, alpha: float | None = None, *, pipelined: bool | None = None,
+                         context: int | None = None) -> float | None:
+        """Predicted tokens/s with k drafts per round (at the route's α, as the route pipelines, unless given)."""
+        verify = self.verify_time(k, context)
         if verify is None or self.draft_per_token.value is None:
             return None
         if alpha is None:
             alpha = self.alpha.value if self.alpha.value is not None else UNMEASURED_ALPHA
-        return expected_tokens(alpha, k) / (k * self.draft_per_token.value + verify)
+        pipelined = self.pipelined if pipelined is None else pipelined
+        return expected_tokens(alpha, k) / round_seconds(k, alpha, self.draft_per_token.value, verify,
+                                                         pipelined=pipelined)
 
     @property
     def plain_rate(self) -> float | None:

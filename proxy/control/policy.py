@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from proxy.config.schema import FallbackConfig
 from proxy.control.costs import RouteCosts
 from proxy.control.lookup import MIN_PLAIN_CHUNK, LookupOdds
-from proxy.decode.events import Event, RoundEvent
+from proxy.decode.events import Event, PlainEvent, RoundEvent
 
 PASSTHROUGH_K = 0
 MIN_ROUNDS_BEFORE_SWITCH = 4  # a request (a probe especially) measures a few rounds before it may switch
@@ -32,12 +32,15 @@ class Decision:
     reason: str
     predicted_rate: float | None = None  # tokens/s expected for the chosen mode
     plain_rate: float | None = None
+    measure_plain: bool = False  # k = 0 for one plain chunk only, to measure the plain rate; then decide again
 
 
 def choose_k(costs: RouteCosts, settings: FallbackConfig, configured_k: int, *, alpha: float | None,
-             alpha_rounds: int, speculating: bool) -> Decision:
+             alpha_rounds: int, speculating: bool, pipelined: bool | None = None,
+             context: int | None = None) -> Decision:
     """The K that maximises predicted tokens/s at acceptance rate α, or 0 when plain decoding is faster."""
-    rates = {k: costs.speculative_rate(k, alpha) for k in range(settings.k_min, settings.k_max + 1)}
+    rates = {k: costs.speculative_rate(k, alpha, pipelined=pipelined, context=context)
+             for k in range(settings.k_min, settings.k_max + 1)}
     known = {k: r for k, r in rates.items() if r is not None}
     if not known:
         return Decision(configured_k, NOT_MEASURED)
@@ -81,17 +84,23 @@ class RequestPolicy:
     """One request's K each round, from its own acceptance so far and the route's costs."""
 
     def __init__(self, costs: RouteCosts, settings: FallbackConfig, configured_k: int, start: Decision,
-                 *, forced: bool = False, explore: bool = True) -> None:
+                 *, forced: bool = False, explore: bool = True, pipelined: bool | None = None) -> None:
         self._costs, self._settings, self._configured_k = costs, settings, configured_k
+        self._pipelined = pipelined  # whether this request drafts ahead (None: as the route does)
+        self._measured_plain = False  # this request already decoded a chunk plainly to measure the plain rate
         self._forced = forced  # the client asked to speculate: never switch to plain decoding
         self._explore = explore  # a route in passthrough: try the configured K for the first rounds
         self.current = start  # the route's decision when the request started
         self.rounds = self.drafted = self.accepted = 0  # drafted and accepted: the model draft's
+        self.context: int | None = None  # tokens so far, once an event said
         self.lookup = LookupOdds(costs)
 
     def observe(self, event: Event) -> None:
         """Count this request's rounds (the model's acceptance apart) and its lookups."""
+        if isinstance(event, PlainEvent) and self.context is not None:
+            self.context += len(event.tokens)
         if isinstance(event, RoundEvent):
+            self.context = event.context + len(event.emitted)
             self.rounds += 1
             if event.source == "model":
                 self.drafted += len(event.drafted)
@@ -111,17 +120,23 @@ class RequestPolicy:
         """The model draft's predicted tokens/s at this request's K (None when it is off or not measured)."""
         k = self.next_k().k if self.rounds >= MIN_ROUNDS_BEFORE_SWITCH else self.current.k
         alpha = self.accepted / self.drafted if self.drafted else None
-        return self._costs.speculative_rate(k, alpha) if k > 0 else None
+        return (self._costs.speculative_rate(k, alpha, pipelined=self._pipelined, context=self.context)
+                if k > 0 else None)
 
     def next_k(self) -> Decision:
         """K for the next round; 0 to continue by plain decoding."""
         if self.rounds < MIN_ROUNDS_BEFORE_SWITCH:
             # A probe starts from a route in passthrough (k = 0): it explores at the configured k.
             return Decision(self.current.k or (self._configured_k if self._explore else 0), self.current.reason)
+        if self._costs.plain_rate is None and not self._measured_plain and not self._forced:
+            # A fresh route knows what speculation costs but not what it competes with: one plain
+            # chunk measures that (with the prefix cached on the target by now) before committing.
+            self._measured_plain = True
+            return Decision(PASSTHROUGH_K, "measuring the plain rate before deciding", measure_plain=True)
         alpha = self.accepted / self.drafted if self.drafted else self._costs.alpha.value
         rounds = self.rounds if self.drafted else self._costs.alpha.samples
         self.current = choose_k(self._costs, self._settings, self._configured_k, alpha=alpha, alpha_rounds=rounds,
-                                speculating=self.current.k > 0)
+                                speculating=self.current.k > 0, pipelined=self._pipelined, context=self.context)
         if self.current.k == PASSTHROUGH_K and self._forced:
             return Decision(1, f"speculation forced by the client ({self.current.reason})")
         return self.current

@@ -24,6 +24,7 @@ class RouteController:
     settings: FallbackConfig
     configured_k: int
     looks_up: bool = False  # the route's drafter proposes lookup paths: each request decides round by round
+    pipelined: bool = False  # the route's requests draft ahead while a round is verified
     clock: Callable[[], float] = time.monotonic
     costs: RouteCosts = field(init=False)
     current: Decision = field(init=False)
@@ -31,7 +32,7 @@ class RouteController:
     last_probe: float = field(init=False)
 
     def __post_init__(self) -> None:
-        self.costs = RouteCosts(self.settings.ewma_alpha, self.settings.k_max)
+        self.costs = RouteCosts(self.settings.ewma_alpha, self.settings.k_max, self.pipelined)
         self.current = Decision(self.configured_k, NOT_MEASURED)
         self.last_probe = self.clock()
 
@@ -52,7 +53,7 @@ class RouteController:
                                 alpha_rounds=alpha.samples, speculating=self.current.k > 0)
         return self.current
 
-    def policy(self, *, forced: bool = False) -> RequestPolicy:
+    def policy(self, *, forced: bool = False, pipelined: bool | None = None) -> RequestPolicy:
         """A new request's policy, starting from the route's decision.
 
         On a route that looks up, every request speculates, so the model draft, once the route has
@@ -60,7 +61,7 @@ class RouteController:
         """
         explore = not self.looks_up or self.current.k > 0 or forced or self._probe_due()
         return RequestPolicy(self.costs, self.settings, self.configured_k, self.current, forced=forced,
-                             explore=explore)
+                             explore=explore, pipelined=pipelined)
 
     def start_request(self) -> tuple[bool, str]:
         """Whether a new request should speculate, and why."""

@@ -28,6 +28,11 @@ class RoundEvent:
     source: str = "model"  # what drafted: "model" or "lookup"
     candidates: int = 1  # lookup paths verified together (drafted is the one followed)
     declined: tuple[int, ...] = ()  # a lookup path not verified this round (a model draft went instead)
+    drafted_ahead: bool = False  # the draft was made while the previous round was verified (a draft-ahead hit)
+    # draft_seconds is then only the wait for its end; this is what the drafting itself took per token
+    ahead_seconds_per_token: float | None = None
+    ahead_started: bool = False  # the next round was drafted ahead while this one was verified
+    context: int = 0  # tokens before the draft (the target evaluates them again unless it caches them)
 
     @property
     def warm(self) -> bool:

@@ -12,8 +12,9 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 
+from proxy.decode.ahead import DraftAhead
 from proxy.decode.events import RoundEvent, SwitchEvent
-from proxy.decode.plain import plain_chunk, plain_tokens
+from proxy.decode.plain import PLAIN_CHUNK, plain_chunk, plain_tokens
 from proxy.decode.session import Session
 from proxy.drafting.base import Draft, Drafter
 from proxy.sampling.candidates import verify_candidates
@@ -27,45 +28,94 @@ async def speculative_tokens(session: Session, drafter: Drafter, target: Target)
     context = list(session.prompt_ids)
     produced, index, worst_tv = 0, 0, 0.0
     is_end = drafter.vocabulary.is_end_of_generation
-    while produced < session.max_tokens:
-        remaining = session.max_tokens - produced
-        decision = session.policy.next_k()
-        # K = 0 ends speculation for a model draft; a lookup drafter goes on, in plain chunks where
-        # nothing is worth verifying. Plain decoding is exact and always allowed.
-        if (decision.k == 0 and not drafter.looks_up) or worst_tv > session.max_tv:
-            reason = decision.reason if decision.k == 0 else f"error bound {worst_tv:.3g} above max_tv"
-            session.publish(SwitchEvent(session.request_id, session.route, reason))
-            async for tokens in plain_tokens(session, target, context, remaining):
-                yield tokens
-            return
-        # A round emits up to k + 1 tokens; the last round still drafts one so every token goes
-        # through the sampler. Cutting a round's output short keeps it exact (each prefix follows
-        # the target's distribution).
-        cap = max(remaining - 1, 1)
-        started = time.perf_counter()
-        plan = session.draft_plan(min(decision.k, cap), cap)
-        draft = await drafter.propose(context, plan)
-        drafted_at = time.perf_counter()
-        if not draft.tokens:
-            tokens = await plain_chunk(session, target, context, min(session.policy.plain_chunk(), remaining),
-                                       lookup_missed=True, declined=draft.declined)
-            emitted = _until_end(tuple(tokens), is_end)
-        else:
-            emitted, accepted, followed, tv_bound = await _verify(session, target, context, draft)
-            emitted = _until_end(emitted[:remaining], is_end)
-            worst_tv = max(worst_tv, tv_bound)
-            asked = plan.k if draft.source == "model" else plan.lookup_k
-            session.publish(RoundEvent(session.request_id, session.route, index, asked, followed, accepted,
-                                       emitted, drafted_at - started, time.perf_counter() - drafted_at, tv_bound,
-                                       draft.source, 1 + len(draft.alternatives), draft.declined))
-            index += 1
-        if not emitted:
-            return
-        produced += len(emitted)
-        yield list(emitted)
-        if is_end(emitted[-1]):
-            return
-        context.extend(emitted)
+    ahead: DraftAhead | None = None  # the next round, drafted while this one was verified
+    try:
+        while produced < session.max_tokens:
+            remaining = session.max_tokens - produced
+            decision = session.policy.next_k()
+            if ahead is not None and decision.k == 0:
+                await ahead.cancel()
+                ahead = None
+            # K = 0 ends speculation for a model draft; a lookup drafter goes on, in plain chunks where
+            # nothing is worth verifying. Plain decoding is exact and always allowed.
+            if (decision.k == 0 and not drafter.looks_up and not decision.measure_plain) or worst_tv > session.max_tv:
+                reason = decision.reason if decision.k == 0 else f"error bound {worst_tv:.3g} above max_tv"
+                session.publish(SwitchEvent(session.request_id, session.route, reason))
+                async for tokens in plain_tokens(session, target, context, remaining):
+                    yield tokens
+                return
+            if decision.measure_plain:
+                emitted = tuple(await plain_chunk(session, target, context, min(PLAIN_CHUNK, remaining)))
+            else:
+                # A round emits up to k + 1 tokens; the last round still drafts one so every token goes
+                # through the sampler. Cutting a round's output short keeps it exact (each prefix follows
+                # the target's distribution).
+                cap = max(remaining - 1, 1)
+                started = time.perf_counter()
+                plan = session.draft_plan(min(decision.k, cap), cap)
+                draft = await ahead.take(context[-1]) if ahead is not None else None
+                ahead_speed = None
+                if drafted_ahead := draft is not None:
+                    plan, ahead_speed = ahead.plan, ahead.seconds_per_token
+                ahead = None
+                if draft is None:
+                    draft = await drafter.propose(context, plan)
+                drafted_at = time.perf_counter()
+                if not draft.tokens:
+                    emitted = tuple(await plain_chunk(session, target, context,
+                                                      min(session.policy.plain_chunk(), remaining),
+                                                      lookup_missed=True, declined=draft.declined))
+                else:
+                    verification = asyncio.ensure_future(_verify(session, target, context, draft))
+                    ahead = _draft_ahead(session, drafter, context, draft, remaining)
+                    ahead_started = ahead is not None
+                    try:
+                        emitted, accepted, followed, tv_bound = await verification
+                    finally:
+                        verification.cancel()  # a client gone while waiting stops the verification too
+                    emitted = emitted[:remaining]
+                    if ahead is not None and not _all_accepted(draft, accepted, emitted, is_end):
+                        await ahead.cancel()  # what follows the all-accepted branch is moot
+                        ahead = None
+                    worst_tv = max(worst_tv, tv_bound)
+                    asked = plan.k if draft.source == "model" else plan.lookup_k
+                    session.publish(RoundEvent(session.request_id, session.route, index, asked, followed, accepted,
+                                               _until_end(emitted, is_end), drafted_at - started,
+                                               time.perf_counter() - drafted_at, tv_bound, draft.source,
+                                               1 + len(draft.alternatives), draft.declined, drafted_ahead,
+                                               ahead_speed, ahead_started, len(context)))
+                    index += 1
+            emitted = _until_end(emitted, is_end)
+            if not emitted:
+                return
+            produced += len(emitted)
+            yield list(emitted)
+            if is_end(emitted[-1]):
+                return
+            context.extend(emitted)
+    finally:
+        if ahead is not None:
+            await ahead.cancel()
+
+
+def _all_accepted(draft: Draft, accepted: int, emitted: tuple[int, ...], is_end: Callable[[int], bool]) -> bool:
+    """Whether a round took every draft and the target's own next token, and the generation goes on."""
+    return accepted == len(draft) and len(emitted) == len(draft) + 1 and not is_end(emitted[-1])
+
+
+def _draft_ahead(session: Session, drafter: Drafter, context: list[int], draft: Draft,
+                 remaining: int) -> DraftAhead | None:
+    """Start drafting the next round from the all-accepted branch, when the request pipelines and one may follow."""
+    after = remaining - len(draft) - 1  # tokens still to emit if this round accepts everything
+    if (not session.pipeline or draft.source != "model" or draft.alternatives or after <= 0
+            or drafter.vocabulary.is_end_of_generation(draft.tokens[-1])):
+        return None
+    k = session.policy.next_k().k
+    if k == 0:
+        return None
+    cap = max(after - 1, 1)
+    return DraftAhead(drafter, [*context, *draft.tokens], session.draft_plan(1, 1),
+                      session.draft_plan(min(k, cap), cap))
 
 
 async def _verify(session: Session, target: Target, context: list[int],

@@ -41,7 +41,7 @@ class Policy(Protocol):
 class RequestRandom:
     """Independent random streams derived from one seed, so reordering work cannot change a seeded request's draws."""
 
-    draft: np.random.Generator  # the drafter's samples
+    drafts: np.random.SeedSequence  # a stream of its own for every draft (see draft_stream)
     target: np.random.Generator  # seeds for draws the server makes
     accept: np.random.Generator  # acceptance tests and residual samples
 
@@ -50,8 +50,12 @@ class RequestRandom:
         """Streams spawned from the request's seed (fresh entropy without one)."""
         # SeedSequence takes non-negative entropy; a negative client seed maps to a distinct one.
         entropy = None if seed is None else seed % 2**64
-        draft, target, accept = np.random.SeedSequence(entropy).spawn(3)
-        return cls(np.random.default_rng(draft), np.random.default_rng(target), np.random.default_rng(accept))
+        drafts, target, accept = np.random.SeedSequence(entropy).spawn(3)
+        return cls(drafts, np.random.default_rng(target), np.random.default_rng(accept))
+
+    def draft_stream(self) -> np.random.Generator:
+        """The next draft's own stream: a draft-ahead stopped halfway cannot shift the draws of later drafts."""
+        return np.random.default_rng(self.drafts.spawn(1)[0])
 
 
 @dataclass(frozen=True)
@@ -71,10 +75,11 @@ class Session:
     client_headers: dict[str, str] | None = None
     max_tv: float = 0.0  # bounded sampling: a round whose error bound exceeds this ends speculation
     lookup_k: int = 0  # the longest lookup draft (0: the round's K)
+    pipeline: bool = False  # draft the next round ahead while a round is verified
 
     def draft_plan(self, k: int, cap: int) -> DraftPlan:
         """A round's request to the drafter: k model tokens, lookup paths up to lookup_k (both within cap)."""
-        return DraftPlan(k, self.params, self.order, self.top_n, self.random.draft, self.request_id,
+        return DraftPlan(k, self.params, self.order, self.top_n, self.random.draft_stream(), self.request_id,
                          min(self.lookup_k or k, cap), self.policy.lookup_length)
 
     def target_seed(self) -> int:

@@ -25,6 +25,8 @@ class RequestStats:
     plain_tokens: int = 0
     plain_seconds: float = 0.0
     lookup_misses: int = 0  # plain chunks decoded because no lookup path was worth verifying
+    ahead_started: int = 0  # rounds during whose verification the next round was drafted ahead
+    ahead_hits: int = 0  # rounds whose draft was drafted ahead and used
     by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [rounds, drafted, accepted]
     plain_rate: Callable[[], float | None] = lambda: None  # the route's measured plain tokens/s
 
@@ -44,6 +46,8 @@ class RequestStats:
         source = self.by_source.setdefault(event.source, [0, 0, 0])
         source[0], source[1], source[2] = source[0] + 1, source[1] + drafted, source[2] + event.accepted
         self.rounds += 1
+        self.ahead_started += event.ahead_started
+        self.ahead_hits += event.drafted_ahead
         self.round_trace.append((drafted, event.accepted) if event.source == "model"
                                 else (drafted, event.accepted, event.source))
         self.drafted += drafted
@@ -82,6 +86,7 @@ class RequestStats:
             "drafts": {name: {"rounds": r, "drafted": d, "accepted": a, "alpha": _round(a / d if d else None, 4)}
                        for name, (r, d, a) in self.by_source.items()},
             "lookup_misses": self.lookup_misses, **self.speed(),
+            "draft_ahead": {"started": self.ahead_started, "hits": self.ahead_hits},
             "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
             "alpha": round(alpha, 4) if alpha is not None else None,
             "tokens_per_round": round(tau, 3) if tau is not None else None,

@@ -95,7 +95,8 @@ async def open_resources(config: Config, load_drafter: DrafterLoader) -> Resourc
                 loaded[options] = await asyncio.to_thread(load_drafter, options)
                 resources.models.append(loaded[options])
             drafter = with_lookup(loaded[options], route.draft)
-        controller = RouteController(route.fallback, route.speculation.k, looks_up=bool(drafter and drafter.looks_up))
+        controller = RouteController(route.fallback, route.speculation.k, looks_up=bool(drafter and drafter.looks_up),
+                                     pipelined=route.speculation.pipeline)
         runtime = RouteRuntime(route, upstream, controller, target, drafter)
         resources.runtimes[route.name] = runtime
         await _inspect(runtime)

@@ -180,13 +180,15 @@ def _session(app: web.Application, runtime: RouteRuntime, parsed: GenerationRequ
     assert runtime.target is not None  # checked by admission
     controller, spec = runtime.controller, runtime.route.speculation
     stats = RequestStats(plain_rate=lambda: controller.costs.plain_rate)
-    policy = PinnedPolicy(control.pinned_k) if control.pinned_k else controller.policy(forced=control.forced)
+    pipelined = spec.pipeline if control.pipeline is None else control.pipeline
+    policy = (PinnedPolicy(control.pinned_k) if control.pinned_k
+              else controller.policy(forced=control.forced, pipelined=pipelined))
     publish = Publisher([policy.observe, stats, controller.observe,
                          RouteMetrics(app[METRICS], runtime.name, controller), SwitchLog(log),
                          *live.round_subscribers(app, request_id, runtime)])
     session = Session(request_id, runtime.name, prompt_ids, max_tokens, parsed.sampling_params, runtime.target.order,
                       spec.top_logprobs, policy, RequestRandom.from_seed(parsed.seed), publish, client_headers,
-                      spec.max_tv, control.pinned_k or runtime.route.draft.k_max)
+                      spec.max_tv, control.pinned_k or runtime.route.draft.k_max, pipelined)
     return session, stats
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from proxy.errors import BadRequestError
 
 CONTROL_HEADER = "X-Speculoos"  # "off", "on" (skip the controller), or "k=N" (pin K)
-CONTROL_FIELD = "speculoos"  # body: {"mode": "off" | "on" | "auto", "k": N}; removed before forwarding
+CONTROL_FIELD = "speculoos"  # body: {"mode": "off" | "on" | "auto", "k": N, "pipeline": bool}; removed before forwarding
 MAX_PINNED_K = 32
 
 
@@ -20,6 +20,7 @@ class RequestControl:
     off: bool = False
     forced: bool = False  # speculate even where the controller would pass through
     pinned_k: int | None = None
+    pipeline: bool | None = None  # draft-ahead on or off for this request (None: as the route says)
 
 
 def _pinned(value: Any, source: str) -> int:
@@ -32,14 +33,19 @@ def request_control(headers: Mapping[str, str], body: dict) -> RequestControl:
     """Read the X-Speculoos header and the `speculoos` body field."""
     header = headers.get(CONTROL_HEADER, "").strip().lower()
     field = body.get(CONTROL_FIELD, {})
-    if not isinstance(field, dict) or set(field) - {"mode", "k"} or field.get("mode", "auto") not in ("on", "off", "auto"):
-        raise BadRequestError("'speculoos' must be an object with 'mode' (on, off, auto) and/or 'k'", param=CONTROL_FIELD)
+    if (not isinstance(field, dict) or set(field) - {"mode", "k", "pipeline"}
+            or field.get("mode", "auto") not in ("on", "off", "auto")
+            or not isinstance(field.get("pipeline", True), bool)):
+        raise BadRequestError("'speculoos' must be an object with 'mode' (on, off, auto), 'k' and/or 'pipeline'"
+                              " (true or false)", param=CONTROL_FIELD)
+    pipeline = field.get("pipeline")
     if header.startswith("k="):
         value = header[2:]
-        return RequestControl(forced=True, pinned_k=_pinned(int(value) if value.isdigit() else value, CONTROL_HEADER))
+        return RequestControl(forced=True, pinned_k=_pinned(int(value) if value.isdigit() else value, CONTROL_HEADER),
+                              pipeline=pipeline)
     if header not in ("", "on", "off", "auto"):
         raise BadRequestError(f"{CONTROL_HEADER} must be off, on, auto or k=N", param=CONTROL_HEADER)
     off = header == "off" or field.get("mode") == "off"
     pinned = _pinned(field["k"], CONTROL_FIELD) if "k" in field else None
     return RequestControl(off=off, forced=header == "on" or field.get("mode") == "on" or pinned is not None,
-                          pinned_k=pinned)
+                          pinned_k=pinned, pipeline=pipeline)

@@ -13,8 +13,14 @@ import aiohttp
 import numpy as np
 import pytest
 
+from proxy.control.policy import PinnedPolicy
+from proxy.decode.ahead import DraftAhead
+from proxy.decode.events import Publisher
+from proxy.decode.session import RequestRandom, Session
+from proxy.drafting.llama import LlamaDrafter
 from proxy.engine.llama import EngineOptions, LlamaEngine, Step
 from proxy.engine.sequences import MIN_COPIED_TOKENS
+from proxy.sampling.processors import SamplerOrder, SamplingParams
 from tests import support as http
 from tests.e2e.proxy_harness import streaming
 from tests.e2e.servers import SMOL, THREADS, Process, start_proxy, write_routes
@@ -69,6 +75,25 @@ def test_a_shared_decode_keeps_each_sequence_apart(engine: LlamaEngine) -> None:
         # Attending over another sequence's cells would move logits by whole units, not split noise.
         assert np.abs(shared[seq].logits[0] - alone[seq]).max() < SPLIT_NOISE
         assert np.abs(alone[seq] - alone[(seq + 1) % 3]).max() > 10 * SPLIT_NOISE  # the check can tell them apart
+
+
+async def test_a_missed_draft_ahead_leaves_nothing_in_the_requests_sequence(model_paths: dict[str, Path]) -> None:
+    drafter = LlamaDrafter.load(EngineOptions(model_paths[SMOL], n_ctx=512, n_threads=int(THREADS), n_seq=1))
+    try:
+        context = drafter.vocabulary.tokenize(PROMPTS[1])
+        session = Session("req", "route", context, 32, SamplingParams(temperature=0.0), SamplerOrder.TRUNCATE_THEN_TEMPERATURE, 5,
+                          PinnedPolicy(4), RequestRandom.from_seed(1), Publisher())
+        assert drafter.reserve("req", context)
+        draft = await drafter.propose(context, session.draft_plan(4, 4))
+        pre_draft = DraftAhead(drafter, [*context, *draft.tokens], session.draft_plan(1, 1), session.draft_plan(4, 4))
+        assert await pre_draft.take(-1) is None  # the target said something else: a miss
+        corrected = [*context, draft.tokens[0], (draft.tokens[1] + 1) % drafter.vocabulary.n_vocab]
+        again = await drafter.propose(corrected, session.draft_plan(4, 4))
+        held = drafter._engine.held(0)
+        assert held == [*corrected, *again.tokens[:-1]]  # the accepted prefix and the new draft only
+        drafter.release("req")
+    finally:
+        drafter.close()
 
 
 # -- the verifier --------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.control.costs import RouteCosts, expected_tokens
+from proxy.control.costs import RouteCosts, expected_tokens, round_seconds
 from proxy.decode.events import PlainEvent, RoundEvent
 
 
@@ -58,3 +58,39 @@ def test_speculative_rate_uses_the_given_alpha_or_the_routes() -> None:
     costs.record_round(4, 2, draft_seconds=0.04, verify_seconds=0.06)
     assert costs.speculative_rate(4) == pytest.approx(expected_tokens(0.5, 4) / 0.1)
     assert costs.speculative_rate(4, alpha=1.0) == pytest.approx(5 / 0.1)
+
+
+@pytest.mark.parametrize(("alpha", "draft_s", "verify_s", "expected"), [
+    (0.0, 0.05, 0.30, 4 * 0.05 + 0.30),  # never a hit: the drafting is never hidden
+    (1.0, 0.05, 0.30, 0.30),  # always a hit, and 5 draft steps fit within the verification
+    (1.0, 0.10, 0.30, 0.30 + (5 * 0.10 - 0.30)),  # always a hit, but the drafting outlasts it
+    (0.8, 0.05, 0.30, 0.30 + (1 - 0.8**5) * 4 * 0.05),
+])
+def test_a_pipelined_round_hides_the_drafting_on_hits(alpha: float, draft_s: float, verify_s: float,
+                                                      expected: float) -> None:
+    assert round_seconds(4, alpha, draft_s, verify_s, pipelined=True) == pytest.approx(expected)
+    assert round_seconds(4, alpha, draft_s, verify_s, pipelined=False) == pytest.approx(4 * draft_s + verify_s)
+
+
+def test_pipelining_raises_the_predicted_rate() -> None:
+    costs = RouteCosts(0.1, 8)
+    feed_rounds(costs, 4, 3, 0.2, 0.4)
+    assert costs.speculative_rate(4, pipelined=True) > costs.speculative_rate(4, pipelined=False)
+    assert costs.speculative_rate(4) == costs.speculative_rate(4, pipelined=False)  # as the route says: off
+
+
+def test_verification_time_follows_the_context_when_the_server_reevaluates_it() -> None:
+    costs = RouteCosts(0.1, 8)
+    for context in range(100, 1700, 50):  # 1 ms per 100 tokens of context, on top of 0.2 s
+        costs.record_round(4, 4, 0.1, 0.2 + context / 100_000, context=context)
+    assert costs.context_slope() == pytest.approx(1e-5)
+    assert costs.verify_time(4, 3000) - costs.verify_time(4, 1000) == pytest.approx(0.02)
+
+
+def test_a_cached_context_or_too_little_spread_adds_nothing() -> None:
+    flat, narrow = RouteCosts(0.1, 8), RouteCosts(0.1, 8)
+    for context in range(100, 1700, 50):
+        flat.record_round(4, 4, 0.1, 0.2, context=context)
+        narrow.record_round(4, 4, 0.1, 0.2 + context / 1000, context=500 + context % 3)
+    assert flat.context_slope() == 0.0 and narrow.context_slope() == 0.0
+    assert flat.verify_time(4, 5000) == pytest.approx(0.2)

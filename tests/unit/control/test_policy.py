@@ -102,3 +102,28 @@ def test_a_request_never_writes_the_routes_measurements_or_decision() -> None:
         policy.next_k()
         policy.observe(round_event(index, 4, 4))
     assert (costs.alpha.value, costs.alpha.samples) == before
+
+
+def test_a_fresh_route_measures_the_plain_rate_once_before_committing() -> None:
+    costs, settings = RouteCosts(0.1, 8), FallbackConfig()
+    policy = RequestPolicy(costs, settings, 4, Decision(4, "not measured yet"))
+    for index in range(MIN_ROUNDS_BEFORE_SWITCH):
+        assert policy.next_k().k == 4
+        event = round_event(index, 4, 2, draft_s=0.2, verify_s=0.5)
+        costs.observe(event)
+        policy.observe(event)
+    measure = policy.next_k()
+    assert (measure.k, measure.measure_plain) == (0, True)
+    costs.record_plain(8, 8 * 0.1)  # the chunk: 10 tok/s plain against about 4 speculating
+    decision = policy.next_k()
+    assert (decision.k, decision.measure_plain) == (0, False) and "plain" in decision.reason
+
+
+def test_a_route_that_knows_its_plain_rate_or_a_forced_request_measures_nothing() -> None:
+    costs, settings = route_with_low_alpha()
+    forced = RequestPolicy(RouteCosts(0.1, 8), settings, 4, Decision(4, "start"), forced=True)
+    informed = RequestPolicy(costs, settings, 4, Decision(4, "start"))
+    for policy in (forced, informed):
+        for index in range(MIN_ROUNDS_BEFORE_SWITCH + 2):
+            assert not policy.next_k().measure_plain
+            policy.observe(round_event(index, 4, 4))

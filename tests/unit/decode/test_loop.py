@@ -5,140 +5,16 @@ Each test runs against SGLang and vLLM (tests/fakes/), unless it is about one pr
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
-
 import pytest
-from aiohttp.test_utils import TestServer
 
 from proxy.control.policy import Decision, PinnedPolicy
-from proxy.decode.events import Event, PlainEvent, Publisher, RoundEvent, SwitchEvent
-from proxy.decode.loop import speculative_tokens
+from proxy.decode.events import PlainEvent, SwitchEvent
 from proxy.decode.plain import PLAIN_CHUNK
-from proxy.decode.session import RequestRandom, Session
-from proxy.drafting.base import Draft, Drafter
+from proxy.drafting.base import Draft
 from proxy.sampling.processors import SamplingParams, one_hot
-from proxy.targets.base import Target
-from proxy.targets.sglang import SGLangTarget
-from proxy.targets.upstream import Timeouts, Upstream
-from proxy.targets.vllm import VLLMTarget
-from tests.fakes import sglang, vllm
 from tests.fakes.drafter import ScriptedDrafter
 from tests.fakes.toy_model import END, ToyModel
-
-PROMPT = [3, 5, 7, 11]
-GREEDY = SamplingParams(temperature=0.0)
-TOP_N = 5  # each session's top-N
-
-
-@dataclass(frozen=True)
-class Protocol:
-    """One target protocol: its fake server, its client, and where its requests carry what these tests check."""
-
-    app: Callable[[ToyModel], Any]
-    seen: Any  # the fake's AppKey of ("METHOD /path", body) records
-    client: Callable[[Upstream], Target]
-    path: str  # the generation endpoint
-    scores: Callable[[dict], bool]  # a verification request, not plain decoding
-    input_ids: Callable[[dict], list[int]]
-    new_tokens: Callable[[dict], int]  # how many tokens a plain-decoding request asks for
-    verification_fields: dict[str, Any]  # what every verification request sends
-
-
-PROTOCOLS = {
-    "sglang": Protocol(
-        sglang.fake_sglang_app, sglang.SEEN, SGLangTarget, "POST /generate",
-        scores=lambda body: bool(body.get("return_logprob")),
-        input_ids=lambda body: body["input_ids"],
-        new_tokens=lambda body: body["sampling_params"]["max_new_tokens"],
-        verification_fields={"top_logprobs_num": TOP_N, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}),
-    "vllm": Protocol(
-        vllm.toy_vllm_app, vllm.SEEN, VLLMTarget, "POST /v1/completions",
-        scores=lambda body: "prompt_logprobs" in body,
-        input_ids=lambda body: body["prompt"],
-        new_tokens=lambda body: body["max_tokens"],
-        verification_fields={"prompt_logprobs": TOP_N, "logprobs": TOP_N, "max_tokens": 1, "temperature": 0.0}),
-}
-
-
-@dataclass
-class Served:
-    """A fake server, the target client talking to it, and the toy model behind it."""
-
-    protocol: Protocol
-    target: Target
-    model: ToyModel
-    seen: list  # ("METHOD /path", body) per request
-
-    def bodies(self, *, scoring: bool) -> list[dict]:
-        """The generation requests: verification rounds, or plain decoding."""
-        return [body for path, body in self.seen
-                if path == self.protocol.path and self.protocol.scores(body) == scoring]
-
-
-@pytest.fixture(params=sorted(PROTOCOLS))
-def protocol(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
-@pytest.fixture
-def end_after() -> int | None:
-    """Force the end token once the context holds this many tokens (None: never)."""
-    return None
-
-
-@pytest.fixture
-async def served(protocol: str, end_after: int | None) -> AsyncIterator[Served]:
-    model, wire = ToyModel(end_after=end_after), PROTOCOLS[protocol]
-    app = wire.app(model)
-    server = TestServer(app)
-    await server.start_server()
-    upstream = Upstream(str(server.make_url("")), Timeouts(1.0, 5.0, 5.0))
-    yield Served(wire, wire.client(upstream), model, app[wire.seen])
-    await upstream.close()
-    await server.close()
-
-
-class SwitchAfter(PinnedPolicy):
-    """A policy that drafts k for `rounds` rounds, then switches to plain decoding."""
-
-    def __init__(self, k: int, rounds: int) -> None:
-        super().__init__(k)
-        self.k, self.rounds, self.seen = k, rounds, 0
-
-    def next_k(self) -> Decision:
-        return Decision(self.k if self.seen < self.rounds else 0, "scripted switch")
-
-    def observe(self, event: Event) -> None:
-        self.seen += isinstance(event, RoundEvent)
-
-
-async def run(served: Served, drafter: Drafter, max_tokens: int, *, k: int = 4, policy=None,
-              params: SamplingParams = GREEDY, seed: int | None = 1,
-              lookup_k: int = 0) -> tuple[list[list[int]], list[Event]]:
-    events: list[Event] = []
-    policy = policy or PinnedPolicy(k)
-    session = Session("req", "route", PROMPT, max_tokens, params, served.target.order, TOP_N, policy,
-                      RequestRandom.from_seed(seed), Publisher([policy.observe, events.append]), lookup_k=lookup_k)
-    batches = [batch async for batch in speculative_tokens(session, drafter, served.target)]
-    return batches, events
-
-
-def follow(model: ToyModel, wrong_at: int | None = None) -> ScriptedDrafter:
-    """A drafter that proposes the target's greedy continuation, wrong from position `wrong_at` of each round."""
-
-    def script(context: Sequence[int], k: int) -> list[int]:
-        tokens = model.greedy(context, k)
-        if wrong_at is not None and wrong_at < len(tokens):
-            tokens[wrong_at] = (tokens[wrong_at] + 1) % model.vocab or 1  # any other token, never the end token
-        return tokens
-
-    return ScriptedDrafter(script)
-
-
-def rounds(events: list[Event]) -> list[RoundEvent]:
-    return [e for e in events if isinstance(e, RoundEvent)]
+from tests.unit.decode.harness import PROMPT, Served, SwitchAfter, follow, rounds, run
 
 
 async def test_all_accepted_rounds_emit_k_plus_one(served: Served) -> None:
@@ -277,3 +153,25 @@ async def test_a_lookup_drafter_keeps_looking_when_the_policy_turns_the_model_of
     assert sum(batches, []) == served.model.greedy(PROMPT, 16)
     assert {type(e).__name__ for e in events} == {"RoundEvent", "PlainEvent"}  # no switch: lookups go on
     assert {k for _, k in drafter.calls} == {0}  # the model's K stayed 0
+
+
+class MeasureOnce(PinnedPolicy):
+    """Drafts k, except one plain chunk (to measure the plain rate) after the first round."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.k, self.asked = k, 0
+
+    def next_k(self) -> Decision:
+        self.asked += 1
+        if self.asked == 2:
+            return Decision(0, "measuring", measure_plain=True)
+        return Decision(self.k, "scripted")
+
+
+async def test_a_plain_chunk_to_measure_the_plain_rate_does_not_end_speculation(served: Served) -> None:
+    batches, events = await run(served, follow(served.model), 20, policy=MeasureOnce(k=3))
+    assert sum(batches, []) == served.model.greedy(PROMPT, 20)
+    kinds = [type(e).__name__ for e in events]
+    assert kinds[:3] == ["RoundEvent", "PlainEvent", "RoundEvent"] and "SwitchEvent" not in kinds
+    assert len(events[1].tokens) == PLAIN_CHUNK and not events[1].lookup_missed

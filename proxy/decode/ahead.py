@@ -1,0 +1,65 @@
+"""Draft-ahead: draft the next round while this one is being verified, as if every draft will be accepted.
+
+While the target verifies d_1..d_K, the drafter goes on from the all-accepted branch: it guesses
+the target's own next token g, then drafts the next round after context + d_1..d_K + g. If the
+target accepts all K drafts and its next token is g, those tokens are the next round's draft and
+the round trip is hidden behind the drafting; otherwise they are dropped. Exactness holds: the
+pre-drafted tokens are an ordinary draft sample for the prefix they follow, drawn from a stream of
+their own, and whether they are used depends only on g and the target's draws, never on them.
+
+The model drafter drafts ahead in the request's own sequence: its cache already holds the
+all-accepted branch, and on a miss the next draft keeps only the prefix that was accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import structlog
+
+from proxy.drafting.base import Draft, Drafter, DraftPlan
+
+log = structlog.get_logger("speculoos.ahead")
+
+
+class DraftAhead:
+    """One pre-draft in flight: the guessed next token, then the next round's draft after it."""
+
+    def __init__(self, drafter: Drafter, branch: Sequence[int], guess_plan: DraftPlan, next_plan: DraftPlan) -> None:
+        self._drafter, self._branch, self.plan = drafter, list(branch), next_plan
+        self.seconds_per_token: float | None = None  # the pre-draft's own drafting speed, once it is done
+        self._guess = asyncio.ensure_future(drafter.propose(self._branch, guess_plan))
+        self._next = asyncio.ensure_future(self._draft_next())
+
+    async def _draft_next(self) -> Draft | None:
+        started = time.perf_counter()
+        guess = await self._guess
+        if not guess.tokens:
+            return None
+        draft = await self._drafter.propose([*self._branch, guess.tokens[0]], self.plan)
+        self.seconds_per_token = (time.perf_counter() - started) / (1 + len(draft))
+        return draft
+
+    async def take(self, target_token: int) -> Draft | None:
+        """The next round's draft if the target's token after the accepted drafts is the guess (a hit); else None."""
+        try:
+            guess = await self._guess
+            if guess.tokens and guess.tokens[0] == target_token:
+                return await self._next
+        except Exception:  # a failed pre-draft is only a miss: the round drafts again, in the open
+            log.warning("draft-ahead failed", exc_info=True)
+            return None
+        await self.cancel()
+        return None
+
+    async def cancel(self) -> None:
+        """Stop drafting ahead and wait until the drafter has let go of the request's sequence."""
+        tasks = (self._next, self._guess)
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)  # unlike awaiting each, lets a cancellation of the caller through
+        for task in tasks:
+            if not task.cancelled():
+                task.exception()  # retrieved: a failure while stopping is not worth a warning
