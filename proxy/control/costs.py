@@ -8,6 +8,7 @@ request on the route feeds them; none of them decides anything.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,18 +23,31 @@ MIN_CONTEXT_SPREAD = 32  # tokens (standard deviation within a K): less cannot t
 MIN_PLAIN_TOKENS = 4  # shorter passthrough answers say little about the decoding rate
 
 
-def round_seconds(k: int, alpha: float, draft_per_token: float, verify: float, *, pipelined: bool) -> float:
+def round_seconds(k: int, hit: float, draft_per_token: float, verify: float, *, pipelined: bool) -> float:
     """Expected time of a round of k drafts, from the end of the previous round.
 
     Sequential: draft k tokens, then the round trip and verification. Pipelined: the next round
-    is drafted (a guessed target token, then k drafts) while this one is verified; it is used when
-    all k drafts and the guess are right, about α^(k+1) of rounds, and the draft then costs only
-    what outlasts the verification.
+    is drafted (a guessed target token, then k drafts) while this one is verified; on a hit (the
+    previous round accepted everything and the guess was right, probability `hit`) the draft costs
+    only what outlasts the verification.
     """
     if not pipelined:
         return k * draft_per_token + verify
-    hit = alpha ** (k + 1)
     return verify + (1.0 - hit) * k * draft_per_token + hit * max(0.0, (k + 1) * draft_per_token - verify)
+
+
+def survival(alpha: float, measured: Sequence[float | None], k: int) -> list[float]:
+    """P(the first j + 1 drafts are all accepted), j < k: measured where known, else one more α per position.
+
+    Acceptances within a round are correlated (a round copying a stretch accepts it all), so the
+    measured curve predicts tokens per round and hits better than α^j does.
+    """
+    curve, last = [], 1.0
+    for j in range(k):
+        value = measured[j] if j < len(measured) else None
+        last = min(last, value) if value is not None else last * alpha
+        curve.append(last)
+    return curve
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -67,7 +81,8 @@ class RouteCosts:
     alpha: Ewma = field(init=False)  # the model draft's
     lookup_alpha: Ewma = field(init=False)  # lookup drafts'
     lookup_survival: list[Ewma] = field(init=False)  # per position j: a lookup path was right up to j
-    alpha_per_position: list[Ewma] = field(init=False)
+    alpha_per_position: list[Ewma] = field(init=False)  # the model draft's survival: position j and all before
+    guess_right: Ewma = field(init=False)  # after a round accepted everything, a draft-ahead guessed the next token
     draft_per_token: Ewma = field(init=False)
     verify_by_k: dict[int, Ewma] = field(init=False)
     context_by_k: dict[int, Ewma] = field(init=False)  # the context lengths those verifications saw
@@ -79,6 +94,7 @@ class RouteCosts:
         self.lookup_alpha = Ewma(self.weight)
         self.lookup_survival = [Ewma(self.weight) for _ in range(MAX_K)]
         self.alpha_per_position = [Ewma(self.weight) for _ in range(self.k_max)]
+        self.guess_right = Ewma(self.weight)
         self.draft_per_token = Ewma(self.weight)
         self.verify_by_k = {}
         self.context_by_k = {}
@@ -88,6 +104,8 @@ class RouteCosts:
     def observe(self, event: Event) -> None:
         """Fold in a speculative generation's round or plain chunk."""
         if isinstance(event, RoundEvent):
+            if event.ahead_hit is not None and event.accepted == len(event.drafted):
+                self.guess_right.add(1.0 if event.ahead_hit else 0.0)
             self.record_round(len(event.drafted), event.accepted, event.draft_seconds, event.verify_seconds,
                               costs=event.warm and event.candidates == 1, lookup=event.source != "model",
                               ahead_seconds_per_token=event.ahead_seconds_per_token, context=event.context)
@@ -173,17 +191,36 @@ class RouteCosts:
         slope, intercept = np.polyfit(ks, np.array(list(measured.values())), 1)
         return max(float(intercept + slope * k), 1e-6)
 
-    def speculative_rate(self, k: int, alpha: float | None = None, *, pipelined: bool | None = None,
-                         context: int | None = None) -> float | None:
-        """Predicted tokens/s with k drafts per round (at the route's α, as the route pipelines, unless given)."""
+    def survival(self, k: int, alpha: float | None = None) -> list[float]:
+        """The model draft's survival curve for k drafts: the route's measured one, or α per position if α is given."""
+        if alpha is not None:
+            return survival(alpha, [], k)
+        alpha = self.alpha.value if self.alpha.value is not None else UNMEASURED_ALPHA
+        return survival(alpha, [e.value for e in self.alpha_per_position], k)
+
+    def hit_rate(self, curve: Sequence[float]) -> float:
+        """P(a round's draft-ahead is used): the previous round accepted all k drafts and the guess was right."""
+        k = len(curve)
+        guess = self.guess_right.value
+        if guess is None:  # the guess is one more draft token: as likely as the last one given those before
+            guess = curve[-1] / curve[-2] if k > 1 and curve[-2] > 0 else curve[0]
+        return curve[-1] * guess
+
+    def speculative_rate(self, k: int, alpha: float | None = None, *, curve: Sequence[float] | None = None,
+                         pipelined: bool | None = None, context: int | None = None) -> float | None:
+        """Predicted tokens/s with k drafts per round.
+
+        Acceptance is the given survival curve, else α per position if α is given, else the route's
+        measured curve; pipelining is as the route does unless given.
+        """
         verify = self.verify_time(k, context)
         if verify is None or self.draft_per_token.value is None:
             return None
-        if alpha is None:
-            alpha = self.alpha.value if self.alpha.value is not None else UNMEASURED_ALPHA
+        curve = list(curve)[:k] if curve is not None else self.survival(k, alpha)
         pipelined = self.pipelined if pipelined is None else pipelined
-        return expected_tokens(alpha, k) / round_seconds(k, alpha, self.draft_per_token.value, verify,
-                                                         pipelined=pipelined)
+        seconds = round_seconds(k, self.hit_rate(curve) if pipelined else 0.0, self.draft_per_token.value, verify,
+                                pipelined=pipelined)
+        return (1.0 + sum(curve)) / seconds
 
     @property
     def plain_rate(self) -> float | None:

@@ -15,11 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.config.schema import FallbackConfig
-from proxy.control.costs import RouteCosts
+from proxy.control.costs import RouteCosts, survival
 from proxy.control.lookup import MIN_PLAIN_CHUNK, LookupOdds
 from proxy.decode.events import Event, PlainEvent, RoundEvent
 
 PASSTHROUGH_K = 0
+PRIOR_ROUNDS = 4  # the route's survival curve counts as this many of a request's own rounds
 MIN_ROUNDS_BEFORE_SWITCH = 4  # a request (a probe especially) measures a few rounds before it may switch
 NOT_MEASURED = "not measured yet: speculating with the configured k"
 
@@ -36,10 +37,14 @@ class Decision:
 
 
 def choose_k(costs: RouteCosts, settings: FallbackConfig, configured_k: int, *, alpha: float | None,
-             alpha_rounds: int, speculating: bool, pipelined: bool | None = None,
-             context: int | None = None) -> Decision:
-    """The K that maximises predicted tokens/s at acceptance rate α, or 0 when plain decoding is faster."""
-    rates = {k: costs.speculative_rate(k, alpha, pipelined=pipelined, context=context)
+             alpha_rounds: int, speculating: bool, pipelined: bool | None = None, context: int | None = None,
+             curve: Sequence[float] | None = None) -> Decision:
+    """The K that maximises predicted tokens/s, or 0 when plain decoding is faster.
+
+    Acceptance is the survival curve when given (P(the first j drafts all accepted)), else α per position.
+    """
+    rates = {k: costs.speculative_rate(k, alpha, curve=None if curve is None else curve[:k], pipelined=pipelined,
+                                       context=context)
              for k in range(settings.k_min, settings.k_max + 1)}
     known = {k: r for k, r in rates.items() if r is not None}
     if not known:
@@ -93,6 +98,8 @@ class RequestPolicy:
         self.current = start  # the route's decision when the request started
         self.rounds = self.drafted = self.accepted = 0  # drafted and accepted: the model draft's
         self.context: int | None = None  # tokens so far, once an event said
+        self._reached = [0] * settings.k_max  # per position: the model's rounds that drafted it
+        self._survived = [0] * settings.k_max  # ... and accepted it and every draft before it
         self.lookup = LookupOdds(costs)
 
     def observe(self, event: Event) -> None:
@@ -105,6 +112,9 @@ class RequestPolicy:
             if event.source == "model":
                 self.drafted += len(event.drafted)
                 self.accepted += event.accepted
+                for position in range(min(len(event.drafted), len(self._reached))):
+                    self._reached[position] += 1
+                    self._survived[position] += position < event.accepted
         self.lookup.observe(event)
 
     def lookup_length(self, probs: Sequence[float]) -> int:
@@ -119,9 +129,15 @@ class RequestPolicy:
     def _model_rate(self) -> float | None:
         """The model draft's predicted tokens/s at this request's K (None when it is off or not measured)."""
         k = self.next_k().k if self.rounds >= MIN_ROUNDS_BEFORE_SWITCH else self.current.k
-        alpha = self.accepted / self.drafted if self.drafted else None
-        return (self._costs.speculative_rate(k, alpha, pipelined=self._pipelined, context=self.context)
-                if k > 0 else None)
+        return (self._costs.speculative_rate(k, curve=self.survival()[:k], pipelined=self._pipelined,
+                                             context=self.context) if k > 0 else None)
+
+    def survival(self) -> list[float]:
+        """This request's survival curve so far, with the route's as the prior."""
+        route = self._costs.survival(self._settings.k_max)
+        own = [(survived + PRIOR_ROUNDS * prior) / (reached + PRIOR_ROUNDS)
+               for survived, reached, prior in zip(self._survived, self._reached, route, strict=True)]
+        return survival(route[-1], own, self._settings.k_max)
 
     def next_k(self) -> Decision:
         """K for the next round; 0 to continue by plain decoding."""
@@ -136,7 +152,8 @@ class RequestPolicy:
         alpha = self.accepted / self.drafted if self.drafted else self._costs.alpha.value
         rounds = self.rounds if self.drafted else self._costs.alpha.samples
         self.current = choose_k(self._costs, self._settings, self._configured_k, alpha=alpha, alpha_rounds=rounds,
-                                speculating=self.current.k > 0, pipelined=self._pipelined, context=self.context)
+                                speculating=self.current.k > 0, pipelined=self._pipelined, context=self.context,
+                                curve=self.survival())
         if self.current.k == PASSTHROUGH_K and self._forced:
             return Decision(1, f"speculation forced by the client ({self.current.reason})")
         return self.current

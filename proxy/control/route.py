@@ -50,7 +50,8 @@ class RouteController:
         """The route's decision from its own α and costs."""
         alpha = self.costs.alpha
         self.current = choose_k(self.costs, self.settings, self.configured_k, alpha=alpha.value,
-                                alpha_rounds=alpha.samples, speculating=self.current.k > 0)
+                                alpha_rounds=alpha.samples, speculating=self.current.k > 0,
+                                curve=self.costs.survival(self.settings.k_max))
         return self.current
 
     def policy(self, *, forced: bool = False, pipelined: bool | None = None) -> RequestPolicy:

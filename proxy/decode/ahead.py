@@ -2,10 +2,10 @@
 
 While the target verifies d_1..d_K, the drafter goes on from the all-accepted branch: it guesses
 the target's own next token g, then drafts the next round after context + d_1..d_K + g. If the
-target accepts all K drafts and its next token is g, those tokens are the next round's draft and
-the round trip is hidden behind the drafting; otherwise they are dropped. Exactness holds: the
-pre-drafted tokens are an ordinary draft sample for the prefix they follow, drawn from a stream of
-their own, and whether they are used depends only on g and the target's draws, never on them.
+target accepts all K drafts and its next token is g (a hit), those tokens are the next round's
+draft and the round trip is hidden behind the drafting; otherwise they are dropped. Exactness
+holds: the pre-drafted tokens are an ordinary draft sample for the prefix they follow, drawn from
+a stream of their own, and whether they are used depends only on g and the target's draws.
 
 The model drafter drafts ahead in the request's own sequence: its cache already holds the
 all-accepted branch, and on a miss the next draft keeps only the prefix that was accepted.
@@ -42,17 +42,25 @@ class DraftAhead:
         self.seconds_per_token = (time.perf_counter() - started) / (1 + len(draft))
         return draft
 
-    async def take(self, target_token: int) -> Draft | None:
-        """The next round's draft if the target's token after the accepted drafts is the guess (a hit); else None."""
+    async def guessed(self, target_token: int) -> bool:
+        """Whether the guess is the target's token after the accepted drafts; the pre-draft stops if not."""
         try:
             guess = await self._guess
-            if guess.tokens and guess.tokens[0] == target_token:
-                return await self._next
-        except Exception:  # a failed pre-draft is only a miss: the round drafts again, in the open
+        except Exception:  # a failed pre-draft is only a miss: the next round drafts in the open
+            log.warning("draft-ahead failed", exc_info=True)
+            guess = None
+        if guess is not None and guess.tokens and guess.tokens[0] == target_token:
+            return True
+        await self.cancel()
+        return False
+
+    async def draft(self) -> Draft | None:
+        """The next round's draft, after a hit (None if drafting it failed)."""
+        try:
+            return await self._next
+        except Exception:
             log.warning("draft-ahead failed", exc_info=True)
             return None
-        await self.cancel()
-        return None
 
     async def cancel(self) -> None:
         """Stop drafting ahead and wait until the drafter has let go of the request's sequence."""

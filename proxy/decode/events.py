@@ -31,7 +31,7 @@ class RoundEvent:
     drafted_ahead: bool = False  # the draft was made while the previous round was verified (a draft-ahead hit)
     # draft_seconds is then only the wait for its end; this is what the drafting itself took per token
     ahead_seconds_per_token: float | None = None
-    ahead_started: bool = False  # the next round was drafted ahead while this one was verified
+    ahead_hit: bool | None = None  # the next round was drafted ahead during this one: used (True) or dropped
     context: int = 0  # tokens before the draft (the target evaluates them again unless it caches them)
 
     @property

@@ -53,7 +53,7 @@ async def speculative_tokens(session: Session, drafter: Drafter, target: Target)
                 cap = max(remaining - 1, 1)
                 started = time.perf_counter()
                 plan = session.draft_plan(min(decision.k, cap), cap)
-                draft = await ahead.take(context[-1]) if ahead is not None else None
+                draft = await ahead.draft() if ahead is not None else None  # after a hit
                 ahead_speed = None
                 if drafted_ahead := draft is not None:
                     plan, ahead_speed = ahead.plan, ahead.seconds_per_token
@@ -68,14 +68,13 @@ async def speculative_tokens(session: Session, drafter: Drafter, target: Target)
                 else:
                     verification = asyncio.ensure_future(_verify(session, target, context, draft))
                     ahead = _draft_ahead(session, drafter, context, draft, remaining)
-                    ahead_started = ahead is not None
                     try:
                         emitted, accepted, followed, tv_bound = await verification
                     finally:
                         verification.cancel()  # a client gone while waiting stops the verification too
                     emitted = emitted[:remaining]
-                    if ahead is not None and not _all_accepted(draft, accepted, emitted, is_end):
-                        await ahead.cancel()  # what follows the all-accepted branch is moot
+                    ahead_hit = None if ahead is None else await _resolve(ahead, draft, accepted, emitted, is_end)
+                    if not ahead_hit:
                         ahead = None
                     worst_tv = max(worst_tv, tv_bound)
                     asked = plan.k if draft.source == "model" else plan.lookup_k
@@ -83,7 +82,7 @@ async def speculative_tokens(session: Session, drafter: Drafter, target: Target)
                                                _until_end(emitted, is_end), drafted_at - started,
                                                time.perf_counter() - drafted_at, tv_bound, draft.source,
                                                1 + len(draft.alternatives), draft.declined, drafted_ahead,
-                                               ahead_speed, ahead_started, len(context)))
+                                               ahead_speed, ahead_hit, len(context)))
                     index += 1
             emitted = _until_end(emitted, is_end)
             if not emitted:
@@ -98,9 +97,13 @@ async def speculative_tokens(session: Session, drafter: Drafter, target: Target)
             await ahead.cancel()
 
 
-def _all_accepted(draft: Draft, accepted: int, emitted: tuple[int, ...], is_end: Callable[[int], bool]) -> bool:
-    """Whether a round took every draft and the target's own next token, and the generation goes on."""
-    return accepted == len(draft) and len(emitted) == len(draft) + 1 and not is_end(emitted[-1])
+async def _resolve(ahead: DraftAhead, draft: Draft, accepted: int, emitted: tuple[int, ...],
+                   is_end: Callable[[int], bool]) -> bool:
+    """Whether the pre-draft continues what the round emitted (a hit); a miss is stopped."""
+    if accepted == len(draft) and len(emitted) == len(draft) + 1 and not is_end(emitted[-1]):
+        return await ahead.guessed(emitted[-1])
+    await ahead.cancel()  # a draft was rejected: what follows the all-accepted branch is moot
+    return False
 
 
 def _draft_ahead(session: Session, drafter: Drafter, context: list[int], draft: Draft,

@@ -46,7 +46,7 @@ class RequestStats:
         source = self.by_source.setdefault(event.source, [0, 0, 0])
         source[0], source[1], source[2] = source[0] + 1, source[1] + drafted, source[2] + event.accepted
         self.rounds += 1
-        self.ahead_started += event.ahead_started
+        self.ahead_started += event.ahead_hit is not None
         self.ahead_hits += event.drafted_ahead
         self.round_trace.append((drafted, event.accepted) if event.source == "model"
                                 else (drafted, event.accepted, event.source))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.control.costs import RouteCosts, expected_tokens, round_seconds
+from proxy.control.costs import RouteCosts, expected_tokens, round_seconds, survival
 from proxy.decode.events import PlainEvent, RoundEvent
 
 
@@ -52,28 +52,42 @@ def test_events_feed_the_measurements_and_the_first_round_pays_no_costs() -> Non
     assert costs.plain_rate == pytest.approx(20.0)
 
 
-def test_speculative_rate_uses_the_given_alpha_or_the_routes() -> None:
+def test_speculative_rate_uses_the_given_alpha_or_the_routes_survival() -> None:
     costs = RouteCosts(1.0, 8)
     assert costs.speculative_rate(4) is None  # nothing measured
     costs.record_round(4, 2, draft_seconds=0.04, verify_seconds=0.06)
-    assert costs.speculative_rate(4) == pytest.approx(expected_tokens(0.5, 4) / 0.1)
+    assert costs.speculative_rate(4) == pytest.approx(3 / 0.1)  # the first 2 always accepted, never more
+    assert costs.speculative_rate(4, alpha=0.5) == pytest.approx(expected_tokens(0.5, 4) / 0.1)
     assert costs.speculative_rate(4, alpha=1.0) == pytest.approx(5 / 0.1)
+    assert costs.speculative_rate(4, curve=[0.9, 0.8, 0.7, 0.6]) == pytest.approx(4.0 / 0.1)
 
 
-@pytest.mark.parametrize(("alpha", "draft_s", "verify_s", "expected"), [
+def test_survival_is_measured_where_known_and_never_rises() -> None:
+    assert survival(0.5, [0.9, 0.8, None, 0.95], 6) == pytest.approx([0.9, 0.8, 0.4, 0.4, 0.2, 0.1])
+
+
+@pytest.mark.parametrize(("hit", "draft_s", "verify_s", "expected"), [
     (0.0, 0.05, 0.30, 4 * 0.05 + 0.30),  # never a hit: the drafting is never hidden
     (1.0, 0.05, 0.30, 0.30),  # always a hit, and 5 draft steps fit within the verification
     (1.0, 0.10, 0.30, 0.30 + (5 * 0.10 - 0.30)),  # always a hit, but the drafting outlasts it
-    (0.8, 0.05, 0.30, 0.30 + (1 - 0.8**5) * 4 * 0.05),
+    (0.4, 0.05, 0.30, 0.30 + 0.6 * 4 * 0.05),
 ])
-def test_a_pipelined_round_hides_the_drafting_on_hits(alpha: float, draft_s: float, verify_s: float,
+def test_a_pipelined_round_hides_the_drafting_on_hits(hit: float, draft_s: float, verify_s: float,
                                                       expected: float) -> None:
-    assert round_seconds(4, alpha, draft_s, verify_s, pipelined=True) == pytest.approx(expected)
-    assert round_seconds(4, alpha, draft_s, verify_s, pipelined=False) == pytest.approx(4 * draft_s + verify_s)
+    assert round_seconds(4, hit, draft_s, verify_s, pipelined=True) == pytest.approx(expected)
+    assert round_seconds(4, hit, draft_s, verify_s, pipelined=False) == pytest.approx(4 * draft_s + verify_s)
+
+
+def test_the_hit_rate_is_the_survival_of_all_k_times_the_guess() -> None:
+    costs = RouteCosts(1.0, 8)
+    assert costs.hit_rate([0.9, 0.8, 0.6]) == pytest.approx(0.6 * 0.6 / 0.8)  # guess as likely as the last draft
+    costs.observe(RoundEvent("r", "route", 1, 2, (5, 6), 2, (5, 6, 7), 0.1, 0.2, ahead_hit=False))
+    assert costs.hit_rate([0.9, 0.8, 0.6]) == 0.0  # measured: the one guess after an all-accepted round missed
 
 
 def test_pipelining_raises_the_predicted_rate() -> None:
     costs = RouteCosts(0.1, 8)
+    feed_rounds(costs, 4, 4, 0.2, 0.4)
     feed_rounds(costs, 4, 3, 0.2, 0.4)
     assert costs.speculative_rate(4, pipelined=True) > costs.speculative_rate(4, pipelined=False)
     assert costs.speculative_rate(4) == costs.speculative_rate(4, pipelined=False)  # as the route says: off

@@ -38,7 +38,7 @@ async def test_a_hit_verifies_the_pre_drafted_tokens_without_drafting_again(serv
     drafter = follow(served.model)
     batches, events = await run(served, drafter, 15, k=4, pipeline=True)
     assert sum(batches, []) == served.model.greedy(PROMPT, 15)
-    assert [(e.drafted_ahead, e.ahead_started) for e in rounds(events)] == [(False, True), (True, True), (True, False)]
+    assert [(e.drafted_ahead, e.ahead_hit) for e in rounds(events)] == [(False, True), (True, True), (True, None)]
     # Round 0 drafts after the prompt; each pre-draft guesses the token after a round's 4 drafts, then
     # drafts 4 more after it; the last round has no room for another.
     assert drafter.calls == [(4, 4), (8, GUESS), (9, 4), (13, GUESS), (14, 4)]
@@ -56,6 +56,7 @@ async def test_a_wrong_guess_drops_the_pre_drafted_tokens(served: Served) -> Non
     assert sum(batches, []) == model.greedy(PROMPT, 15)
     assert not any(e.drafted_ahead for e in rounds(events))
     assert all(e.accepted == 4 for e in rounds(events))  # every draft right, the guess wrong: a miss all the same
+    assert [e.ahead_hit for e in rounds(events)] == [False, False, None]
 
 
 class BlockingAhead(ScriptedDrafter):
@@ -82,8 +83,8 @@ async def test_a_rejected_draft_cancels_the_pre_draft_at_once(served: Served) ->
     drafter = BlockingAhead(served.model, wrong_at=2)
     batches, events = await asyncio.wait_for(run(served, drafter, 12, k=4, pipeline=True), 5)
     assert sum(batches, []) == served.model.greedy(PROMPT, 12)
-    started = sum(e.ahead_started for e in rounds(events))
-    assert started >= 3 and drafter.cancelled == started and not any(e.drafted_ahead for e in rounds(events))
+    started = sum(e.ahead_hit is not None for e in rounds(events))
+    assert started >= 3 and drafter.cancelled == started and not any(e.ahead_hit for e in rounds(events))
 
 
 class BlockingTarget:
@@ -167,13 +168,13 @@ async def test_tokens_of_pre_drafted_rounds_follow_the_target_distribution(serve
 async def test_pre_drafted_tokens_with_the_wrong_distribution_fail_the_same_test(served: Served,
                                                                                  monkeypatch) -> None:
     """Negative control: hits whose draft claims a distribution it was not drawn from (uniform) are caught."""
-    take = ahead.DraftAhead.take
+    pre_drafted = ahead.DraftAhead.draft
 
-    async def wrong_rows(self, target_token):
-        draft = await take(self, target_token)
+    async def wrong_rows(self):
+        draft = await pre_drafted(self)
         return None if draft is None else replace(draft, probs=np.full_like(draft.probs, 1.0 / draft.probs.shape[1]))
 
-    monkeypatch.setattr(ahead.DraftAhead, "take", wrong_rows)
+    monkeypatch.setattr(ahead.DraftAhead, "draft", wrong_rows)
     pvalue, tokens = await pre_drafted_pvalue(served)
     print(f"negative control: chi-square p = {pvalue:.2e} over {tokens} tokens")
     assert pvalue < SIGNIFICANCE**2
