@@ -6,5 +6,7 @@
     stats.py      pure statistics: spreads, speedups, Leviathan's prediction, output identity
     simulate.py   SIMULATION: replay recorded per-round acceptance under a stated cost model
     report.py     Markdown, JSON, the trace file and the PNG chart
+    rtt_sweep.py  one table over runs at several round-trip times (scripts/bench_two_device.py)
+    local.py      a verifier, a proxy and an RTT relay started here, each optionally pinned to its cores
     cli.py        the sub-command
 """

@@ -39,7 +39,8 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--max-tokens", type=int, default=None, metavar="M",
                        help="override each prompt's max_tokens")
     bench.add_argument("--modes", default=DEFAULT_MODES,
-                       help=f"proxy modes: auto, on, off, k=N (default {DEFAULT_MODES})")
+                       help="proxy modes: auto, on, off, k=N; a /seq suffix (k=4/seq) turns draft-ahead off "
+                            f"(default {DEFAULT_MODES})")
     bench.add_argument("--warmup", type=int, default=1, help="uncounted warm-up requests per path (default 1)")
     bench.add_argument("--concurrency", type=int, default=1, metavar="N",
                        help="send N streams at once per path and report aggregate tokens/s (default 1: one at a time)")

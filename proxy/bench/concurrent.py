@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import aiohttp
 
 from proxy.bench.client import stream
+from proxy.bench.report import pre_draft_cell
 from proxy.bench.runner import Endpoints, Job, Mode, request_for, sample_of, warm_up
-from proxy.bench.stats import DIRECT, Sample, Spread, spread
+from proxy.bench.stats import DIRECT, Sample, Spread, draft_ahead, spread
 from proxy.bench.workloads import Workload
 
 ALL_WORKLOADS = "all"
@@ -91,6 +92,9 @@ class LoadRow:
     per_request: Spread | None  # tokens/s of each request
     alpha: float | None  # accepted ÷ drafted over the path's speculative requests
     tokens_per_round: float | None
+    pre_drafts_started: int | None  # drafted during a verification (draft-ahead); None: not reported
+    pre_draft_hits: int | None  # of those, the ones whose tokens were used
+    pre_draft_hit_rate: float | None  # hits ÷ started
 
 
 def _row(workload: str, target: str, bursts: Sequence[Burst], direct: float | None) -> LoadRow:
@@ -100,13 +104,15 @@ def _row(workload: str, target: str, bursts: Sequence[Burst], direct: float | No
     extensions = [s.extension for s in samples if s.ok and s.speculative and s.extension]
     drafted = sum(e.get("drafted") or 0 for e in extensions)
     rounds = sum(e.get("rounds") or 0 for e in extensions)
+    started, hits = draft_ahead(extensions) or (None, None)
     emitted = sum((s.completion_tokens or 0) - (s.extension or {}).get("plain_tokens", 0)
                   for s in samples if s.ok and s.speculative)
     return LoadRow(workload, target, len(samples), sum(not s.ok for s in samples), len(extensions), aggregate,
                    aggregate / direct if aggregate and direct else None,
                    spread(s.tokens_per_second for s in samples if s.ok),
                    sum(e.get("accepted") or 0 for e in extensions) / drafted if drafted else None,
-                   emitted / rounds if rounds else None)
+                   emitted / rounds if rounds else None, started, hits,
+                   hits / started if started and hits is not None else None)
 
 
 def summarise(bursts: Sequence[Burst], targets: Sequence[str]) -> list[LoadRow]:
@@ -129,12 +135,13 @@ def markdown(rows: Sequence[LoadRow], concurrency: int, title: str) -> str:
     """The concurrent-load table."""
     lines = [f"### {title}", "", f"{concurrency} streams at once per burst.", "",
              "| workload | path | speculative | aggregate tok/s | ÷ direct | per request tok/s median (min–max) "
-             "| α | tokens/round |", "|---|---|---|---|---|---|---|---|"]
+             "| α | tokens/round | pre-draft hits |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         per = "–" if r.per_request is None else (
             f"{r.per_request.median:.1f} ({r.per_request.low:.1f}–{r.per_request.high:.1f})")
         errors = f" ({r.errors} failed)" if r.errors else ""
         served = "–" if r.target == DIRECT else f"{r.speculative}/{r.requests - r.errors}"
         lines.append(f"| {r.workload} | {r.target}{errors} | {served} | {_num(r.aggregate_tokens_per_second, 1)} "
-                     f"| {_num(r.vs_direct, 2, '×')} | {per} | {_num(r.alpha, 2)} | {_num(r.tokens_per_round, 2)} |")
+                     f"| {_num(r.vs_direct, 2, '×')} | {per} | {_num(r.alpha, 2)} | {_num(r.tokens_per_round, 2)} "
+                     f"| {pre_draft_cell(r.pre_draft_hit_rate, r.pre_draft_hits, r.pre_drafts_started)} |")
     return "\n".join(lines) + "\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.bench.simulate import SIMULATION, TRACE_FORMAT, SimulatedRow
-from proxy.bench.stats import DIRECT, PASSTHROUGH_MODE, Identity, Row, Sample, pinned_k
+from proxy.bench.stats import DIRECT, PASSTHROUGH_MODE, SEQUENTIAL_SUFFIX, Identity, Row, Sample, pinned_k
 
 SCHEMA_VERSION = 1
 PREDICTED = " (predicted)"  # chart line-name suffix: drawn dashed in the workload's colour
@@ -18,19 +18,26 @@ NEAR_TIE_NOTE = ("llama.cpp's logits depend on batch shape, so a verification pa
 NOTES = ("tok/s: output tokens ÷ request time, end to end. speedup: median tok/s ÷ direct's. "
          "ITL: time per token after the first; decode ×: direct's ITL ÷ this ITL. "
          "predicted: Leviathan's formula from the row's α and the proxy's measured costs (/speculoos/status), "
-         "÷ direct's decode rate. efficiency: decode × ÷ predicted.")
+         "÷ direct's decode rate, for sequential rounds (draft-ahead gains show as efficiency above 1). "
+         "efficiency: decode × ÷ predicted. pre-draft hits: rounds drafted ahead "
+         "during a verification whose tokens were used ÷ those started. /seq: the mode with draft-ahead off.")
 
 
 def _num(value: float | None, digits: int = 1, suffix: str = "") -> str:
     return "–" if value is None else f"{value:.{digits}f}{suffix}"
 
 
+def pre_draft_cell(rate: float | None, hits: int | None, started: int | None) -> str:
+    """'0.67 (4/6)': the hit rate and its counts; '–' when the proxy did not report draft-ahead."""
+    return "–" if started is None else f"{_num(rate, 2)} ({hits}/{started})"
+
+
 def bench_markdown(rows: Sequence[Row], identity: Identity, title: str) -> str:
     """The results table, its notes and the identical-output line."""
     lines = [f"### {title}", "",
              "| workload | mode | speculative | tok/s median (min–max) | speedup | TTFT ms | ITL ms | decode × "
-             "| α | tokens/round | K | predicted | efficiency |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| α | tokens/round | K | pre-draft hits | predicted | efficiency |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rate = "–" if r.tokens_per_second is None else (
             f"{r.tokens_per_second.median:.1f} ({r.tokens_per_second.low:.1f}–{r.tokens_per_second.high:.1f})")
@@ -39,6 +46,7 @@ def bench_markdown(rows: Sequence[Row], identity: Identity, title: str) -> str:
         lines.append(f"| {r.workload} | {r.mode}{errors} | {served} | {rate} | {_num(r.speedup, 2, '×')} "
                      f"| {_num(r.ttft_ms, 0)} | {_num(r.itl_ms, 1)} | {_num(r.decode_speedup, 2, '×')} "
                      f"| {_num(r.alpha, 2)} | {_num(r.tokens_per_round, 2)} | {_num(r.mean_k, 1)} "
+                     f"| {pre_draft_cell(r.pre_draft_hit_rate, r.pre_draft_hits, r.pre_drafts_started)} "
                      f"| {_num(r.predicted_speedup, 2, '×')} | {_num(r.efficiency, 2)} |")
     lines += ["", NOTES, "", identity_line(identity)]
     return "\n".join(lines) + "\n"
@@ -106,12 +114,14 @@ def trace_json(samples: Sequence[Sample], config: Mapping[str, Any], status: Map
                              "plain_tokens": s.extension.get("plain_tokens") or 0,
                              "plain_calls": s.extension.get("lookup_misses") or 0,
                              "drafted": s.extension.get("drafted"), "accepted": s.extension.get("accepted"),
-                             "rounds": rounds})
+                             "draft_ahead": s.extension.get("draft_ahead"), "rounds": rounds})
     return {"format": TRACE_FORMAT, "schema": SCHEMA_VERSION, "config": dict(config),
             "proxy_status": status, "requests": requests}
 
 
 def _k_of(mode: str) -> int | None:
+    if mode.endswith(SEQUENTIAL_SUFFIX):
+        return None  # a workload's line has one point per K: the sequential twin would be a second
     return 0 if mode == PASSTHROUGH_MODE else pinned_k(mode)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from proxy.bench.client import BenchError, Reply, get_json, stream
-from proxy.bench.stats import DIRECT, Sample
+from proxy.bench.stats import DIRECT, PASSTHROUGH_MODE, SEQUENTIAL_SUFFIX, Sample
 from proxy.bench.workloads import Prompt, Workload
 
 MAX_PINNED_K = 32  # the proxy's limit (proxy.wire.control.MAX_PINNED_K)
@@ -27,22 +27,33 @@ WARMUP_TOKENS = 4
 class Mode:
     """How a request goes through the proxy."""
 
-    name: str  # auto, on, off, k=N
+    name: str  # auto, on, off, k=N; auto/seq, on/seq, k=N/seq: the same with draft-ahead off
     control: dict[str, Any] | None  # the body's `speculoos` field; None: no field (the controller decides)
 
 
+def _mode(name: str) -> Mode:
+    if name == "auto":
+        return Mode(name, None)
+    if name in ("on", "off"):
+        return Mode(name, {"mode": name})
+    if name.startswith("k=") and name[2:].isdigit() and 1 <= int(name[2:]) <= MAX_PINNED_K:
+        return Mode(f"k={int(name[2:])}", {"k": int(name[2:])})
+    raise ValueError(f"bad mode {name!r}: use auto, on, off or k=N with N in 1..{MAX_PINNED_K}; "
+                     f"add {SEQUENTIAL_SUFFIX} to any but off to turn draft-ahead off")
+
+
+def _sequential(mode: Mode) -> Mode:
+    if mode.name == PASSTHROUGH_MODE:
+        raise ValueError(f"bad mode 'off{SEQUENTIAL_SUFFIX}': passthrough drafts nothing, ahead or not")
+    return Mode(mode.name + SEQUENTIAL_SUFFIX, {**(mode.control or {}), "pipeline": False})
+
+
 def parse_modes(text: str) -> list[Mode]:
-    """'auto,k=1,k=2,off' -> modes; raise ValueError naming a bad one."""
+    """'auto,k=1,k=4/seq,off' -> modes; raise ValueError naming a bad one."""
     modes = []
     for name in (part.strip().lower() for part in text.split(",") if part.strip()):
-        if name == "auto":
-            modes.append(Mode(name, None))
-        elif name in ("on", "off"):
-            modes.append(Mode(name, {"mode": name}))
-        elif name.startswith("k=") and name[2:].isdigit() and 1 <= int(name[2:]) <= MAX_PINNED_K:
-            modes.append(Mode(f"k={int(name[2:])}", {"k": int(name[2:])}))
-        else:
-            raise ValueError(f"bad mode {name!r}: use auto, on, off or k=N with N in 1..{MAX_PINNED_K}")
+        base = name.removesuffix(SEQUENTIAL_SUFFIX)
+        modes.append(_sequential(_mode(base)) if base != name else _mode(name))
     if not modes or len({m.name for m in modes}) != len(modes):
         raise ValueError("give at least one mode, each once")
     return modes

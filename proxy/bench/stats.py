@@ -11,10 +11,14 @@ Glossary (one row = one workload in one mode):
                      are predicted at the plain rate.
     efficiency       decode speedup ÷ predicted = measured decode rate ÷ predicted rate: what the
                      formula does not explain (proxy overhead, HTTP, tokenization, cost drift).
+    pre-draft hits   of the rounds drafted ahead while the previous round was verified (draft-ahead),
+                     the share whose tokens were used, summed over the row's requests
+                     (the `draft_ahead` object of the proxy's `speculoos` extension, when present).
 When the proxy reports each request's rounds (round_trace), the prediction replays them: each
 round at the measured verification time of its own K (lookup paths vary from 1 to 32), model
 drafts at the measured draft time, plain chunks at the plain rate. Without a trace it falls back
 to the paper's formula at the mean K (drafted ÷ rounds); a `k=N` mode is predicted at N.
+A mode named with /seq (k=4/seq) is the same mode with draft-ahead turned off.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from proxy.control.costs import expected_tokens
 
 DIRECT = "direct"
 PASSTHROUGH_MODE = "off"
+SEQUENTIAL_SUFFIX = "/seq"  # a mode's name with draft-ahead (pipelining) turned off
 SPECULATIVE = "speculative"
 
 
@@ -113,8 +118,17 @@ class Costs:
 
 
 def pinned_k(mode: str) -> int | None:
-    """N for a `k=N` mode."""
-    return int(mode[2:]) if mode.startswith("k=") and mode[2:].isdigit() else None
+    """N for a `k=N` or `k=N/seq` mode."""
+    base = mode.removesuffix(SEQUENTIAL_SUFFIX)
+    return int(base[2:]) if base.startswith("k=") and base[2:].isdigit() else None
+
+
+def draft_ahead(extensions: Iterable[Mapping[str, Any]]) -> tuple[int, int] | None:
+    """(pre-drafts started, pre-drafts whose tokens were used), summed; None when no request reports them."""
+    reports = [e["draft_ahead"] for e in extensions if isinstance(e.get("draft_ahead"), Mapping)]
+    if not reports:
+        return None
+    return sum(int(r.get("started") or 0) for r in reports), sum(int(r.get("hits") or 0) for r in reports)
 
 
 def predicted_rate(alpha: float, k: float, draft_seconds_per_token: float, verify_seconds: float) -> float:
@@ -178,6 +192,9 @@ class Row:
     decode_speedup: float | None
     predicted_speedup: float | None
     efficiency: float | None
+    pre_drafts_started: int | None  # drafted during a verification (draft-ahead); None: not reported
+    pre_draft_hits: int | None  # of those, the ones whose tokens were used
+    pre_draft_hit_rate: float | None  # hits ÷ started
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -199,6 +216,7 @@ def _row(workload: str, mode: str, samples: Sequence[Sample], baseline: Row | No
     rounds = sum(int(e.get("rounds") or 0) for e in extensions)
     emitted = sum(float(e.get("tokens_per_round") or 0.0) * int(e.get("rounds") or 0) for e in extensions)
     alpha = accepted / drafted if drafted else None
+    started, hits = draft_ahead(extensions) or (None, None)
     mean_k = drafted / rounds if rounds else None
     all_tokens = sum(s.completion_tokens or 0 for s in ok)
     plain_in_spec = sum(int(s.extension.get("plain_tokens") or 0) for s in ok if s.speculative and s.extension)
@@ -222,7 +240,8 @@ def _row(workload: str, mode: str, samples: Sequence[Sample], baseline: Row | No
                ttft * 1000.0 if ttft is not None else None, itl * 1000.0 if itl is not None else None,
                alpha, emitted / rounds if rounds else None, mean_k,
                1.0 if mode == DIRECT else speedup, 1.0 if mode == DIRECT else decode_speedup,
-               predicted, _ratio(decode_speedup, predicted) if mode != DIRECT else None)
+               predicted, _ratio(decode_speedup, predicted) if mode != DIRECT else None,
+               started, hits, _ratio(hits, started))
 
 
 def summarise(samples: Sequence[Sample], modes: Sequence[str], costs: Costs | None) -> list[Row]:

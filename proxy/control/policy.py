@@ -20,8 +20,8 @@ from proxy.control.lookup import MIN_PLAIN_CHUNK, LookupOdds
 from proxy.decode.events import Event, PlainEvent, RoundEvent
 
 PASSTHROUGH_K = 0
-PRIOR_ROUNDS = 4  # the route's survival curve counts as this many of a request's own rounds
-MIN_ROUNDS_BEFORE_SWITCH = 4  # a request (a probe especially) measures a few rounds before it may switch
+PRIOR_ROUNDS = 2  # the route's survival curve counts as this many of a request's own rounds
+MIN_ROUNDS_BEFORE_SWITCH = 2  # a request (a probe especially) measures a few rounds before it may switch
 NOT_MEASURED = "not measured yet: speculating with the configured k"
 
 
@@ -92,7 +92,7 @@ class RequestPolicy:
                  *, forced: bool = False, explore: bool = True, pipelined: bool | None = None) -> None:
         self._costs, self._settings, self._configured_k = costs, settings, configured_k
         self._pipelined = pipelined  # whether this request drafts ahead (None: as the route does)
-        self._measured_plain = False  # this request already decoded a chunk plainly to measure the plain rate
+        self._measured_plain = False  # this request has decoded a plain chunk (which measures the plain rate)
         self._forced = forced  # the client asked to speculate: never switch to plain decoding
         self._explore = explore  # a route in passthrough: try the configured K for the first rounds
         self.current = start  # the route's decision when the request started
@@ -104,8 +104,10 @@ class RequestPolicy:
 
     def observe(self, event: Event) -> None:
         """Count this request's rounds (the model's acceptance apart) and its lookups."""
-        if isinstance(event, PlainEvent) and self.context is not None:
-            self.context += len(event.tokens)
+        if isinstance(event, PlainEvent):
+            self._measured_plain = True
+            if self.context is not None:
+                self.context += len(event.tokens)
         if isinstance(event, RoundEvent):
             self.context = event.context + len(event.emitted)
             self.rounds += 1
@@ -147,7 +149,6 @@ class RequestPolicy:
         if self._costs.plain_rate is None and not self._measured_plain and not self._forced:
             # A fresh route knows what speculation costs but not what it competes with: one plain
             # chunk measures that (with the prefix cached on the target by now) before committing.
-            self._measured_plain = True
             return Decision(PASSTHROUGH_K, "measuring the plain rate before deciding", measure_plain=True)
         alpha = self.accepted / self.drafted if self.drafted else self._costs.alpha.value
         rounds = self.rounds if self.drafted else self._costs.alpha.samples

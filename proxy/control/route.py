@@ -101,6 +101,7 @@ class RouteController:
             "lookup_alpha": costs.lookup_alpha.value,
             "lookup_survival": [e.value for e in costs.lookup_survival if e.value is not None],
             "alpha_per_position": [e.value for e in costs.alpha_per_position],
+            "draft_ahead_guess_right": costs.guess_right.value,
             "draft_seconds_per_token": costs.draft_per_token.value,
             "verify_seconds_by_k": {k: e.value for k, e in sorted(costs.verify_by_k.items())},
             "plain_tokens_per_second": costs.plain_rate,

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 
+from proxy.control.policy import Decision
 from proxy.decode.ahead import DraftAhead
 from proxy.decode.events import RoundEvent, SwitchEvent
 from proxy.decode.plain import PLAIN_CHUNK, plain_chunk, plain_tokens
@@ -25,76 +26,98 @@ from proxy.targets.base import Target
 
 async def speculative_tokens(session: Session, drafter: Drafter, target: Target) -> AsyncIterator[list[int]]:
     """Yield each round's emitted tokens; continue by plain decoding when the policy says K = 0."""
-    context = list(session.prompt_ids)
-    produced, index, worst_tv = 0, 0, 0.0
+    rounds = _Rounds(session, drafter, target)
     is_end = drafter.vocabulary.is_end_of_generation
-    ahead: DraftAhead | None = None  # the next round, drafted while this one was verified
+    produced = 0
     try:
         while produced < session.max_tokens:
             remaining = session.max_tokens - produced
             decision = session.policy.next_k()
-            if ahead is not None and decision.k == 0:
-                await ahead.cancel()
-                ahead = None
+            if decision.k == 0:
+                await rounds.stop_ahead()
             # K = 0 ends speculation for a model draft; a lookup drafter goes on, in plain chunks where
             # nothing is worth verifying. Plain decoding is exact and always allowed.
-            if (decision.k == 0 and not drafter.looks_up and not decision.measure_plain) or worst_tv > session.max_tv:
-                reason = decision.reason if decision.k == 0 else f"error bound {worst_tv:.3g} above max_tv"
+            if (decision.k == 0 and not drafter.looks_up and not decision.measure_plain) or rounds.over_tv():
+                reason = decision.reason if decision.k == 0 else f"error bound {rounds.worst_tv:.3g} above max_tv"
                 session.publish(SwitchEvent(session.request_id, session.route, reason))
-                async for tokens in plain_tokens(session, target, context, remaining):
+                async for tokens in plain_tokens(session, target, rounds.context, remaining):
                     yield tokens
                 return
-            if decision.measure_plain:
-                emitted = tuple(await plain_chunk(session, target, context, min(PLAIN_CHUNK, remaining)))
-            else:
-                # A round emits up to k + 1 tokens; the last round still drafts one so every token goes
-                # through the sampler. Cutting a round's output short keeps it exact (each prefix follows
-                # the target's distribution).
-                cap = max(remaining - 1, 1)
-                started = time.perf_counter()
-                plan = session.draft_plan(min(decision.k, cap), cap)
-                draft = await ahead.draft() if ahead is not None else None  # after a hit
-                ahead_speed = None
-                if drafted_ahead := draft is not None:
-                    plan, ahead_speed = ahead.plan, ahead.seconds_per_token
-                ahead = None
-                if draft is None:
-                    draft = await drafter.propose(context, plan)
-                drafted_at = time.perf_counter()
-                if not draft.tokens:
-                    emitted = tuple(await plain_chunk(session, target, context,
-                                                      min(session.policy.plain_chunk(), remaining),
-                                                      lookup_missed=True, declined=draft.declined))
-                else:
-                    verification = asyncio.ensure_future(_verify(session, target, context, draft))
-                    ahead = _draft_ahead(session, drafter, context, draft, remaining)
-                    try:
-                        emitted, accepted, followed, tv_bound = await verification
-                    finally:
-                        verification.cancel()  # a client gone while waiting stops the verification too
-                    emitted = emitted[:remaining]
-                    ahead_hit = None if ahead is None else await _resolve(ahead, draft, accepted, emitted, is_end)
-                    if not ahead_hit:
-                        ahead = None
-                    worst_tv = max(worst_tv, tv_bound)
-                    asked = plan.k if draft.source == "model" else plan.lookup_k
-                    session.publish(RoundEvent(session.request_id, session.route, index, asked, followed, accepted,
-                                               _until_end(emitted, is_end), drafted_at - started,
-                                               time.perf_counter() - drafted_at, tv_bound, draft.source,
-                                               1 + len(draft.alternatives), draft.declined, drafted_ahead,
-                                               ahead_speed, ahead_hit, len(context)))
-                    index += 1
-            emitted = _until_end(emitted, is_end)
+            emitted = _until_end(await rounds.step(decision, remaining), is_end)
             if not emitted:
                 return
             produced += len(emitted)
             yield list(emitted)
             if is_end(emitted[-1]):
                 return
-            context.extend(emitted)
+            rounds.context.extend(emitted)
     finally:
-        if ahead is not None:
-            await ahead.cancel()
+        await rounds.stop_ahead()
+
+
+class _Rounds:
+    """One generation's state between rounds: its context, rounds so far, and the draft-ahead in flight."""
+
+    def __init__(self, session: Session, drafter: Drafter, target: Target) -> None:
+        self.session, self.drafter, self.target = session, drafter, target
+        self.context = list(session.prompt_ids)
+        self.index = 0
+        self.worst_tv = 0.0
+        self.ahead: DraftAhead | None = None  # the next round, drafted while this one was verified
+
+    def over_tv(self) -> bool:
+        """Whether bounded sampling's error budget is spent."""
+        return self.worst_tv > self.session.max_tv
+
+    async def stop_ahead(self) -> None:
+        """Drop the draft-ahead in flight, if any."""
+        if self.ahead is not None:
+            await self.ahead.cancel()
+            self.ahead = None
+
+    async def step(self, decision: Decision, remaining: int) -> tuple[int, ...]:
+        """The next tokens: a plain chunk to measure the plain rate, a plain chunk after a lookup miss, or a round."""
+        session = self.session
+        if decision.measure_plain:
+            return tuple(await plain_chunk(session, self.target, self.context, min(PLAIN_CHUNK, remaining)))
+        # A round emits up to k + 1 tokens; the last round still drafts one so every token goes
+        # through the sampler. Cutting a round's output short keeps it exact (each prefix follows
+        # the target's distribution).
+        cap = max(remaining - 1, 1)
+        started = time.perf_counter()
+        plan = session.draft_plan(min(decision.k, cap), cap)
+        ahead, self.ahead = self.ahead, None  # kept only after a hit
+        draft = await ahead.draft() if ahead is not None else None
+        if draft is not None:
+            plan = ahead.plan
+        else:
+            ahead, draft = None, await self.drafter.propose(self.context, plan)
+        if not draft.tokens:
+            return tuple(await plain_chunk(session, self.target, self.context,
+                                           min(session.policy.plain_chunk(), remaining), lookup_missed=True,
+                                           declined=draft.declined))
+        drafted_at = time.perf_counter()
+        verification = asyncio.ensure_future(_verify(session, self.target, self.context, draft))
+        self.ahead = _draft_ahead(session, self.drafter, self.context, draft, remaining)
+        try:
+            emitted, accepted, followed, tv_bound = await verification
+        finally:
+            verification.cancel()  # a client gone while waiting stops the verification too
+        emitted = emitted[:remaining]
+        hit = None
+        if self.ahead is not None:
+            hit = await _resolve(self.ahead, draft, accepted, emitted, self.drafter.vocabulary.is_end_of_generation)
+            self.ahead = self.ahead if hit else None
+        self.worst_tv = max(self.worst_tv, tv_bound)
+        asked = plan.k if draft.source == "model" else plan.lookup_k
+        session.publish(RoundEvent(
+            session.request_id, session.route, self.index, asked, followed, accepted,
+            _until_end(emitted, self.drafter.vocabulary.is_end_of_generation), drafted_at - started,
+            time.perf_counter() - drafted_at, tv_bound, draft.source, 1 + len(draft.alternatives), draft.declined,
+            drafted_ahead=ahead is not None, ahead_seconds_per_token=ahead.seconds_per_token if ahead else None,
+            ahead_hit=hit, context=len(self.context)))
+        self.index += 1
+        return emitted
 
 
 async def _resolve(ahead: DraftAhead, draft: Draft, accepted: int, emitted: tuple[int, ...],

@@ -222,7 +222,7 @@ class RoundTracker:
             info = {"index": event.index, "k": event.k, "drafted": len(event.drafted), "accepted": event.accepted,
                     "emitted": len(event.emitted), "draft_ms": round(event.draft_seconds * 1000, 2),
                     "verify_ms": round(event.verify_seconds * 1000, 2), "source": event.source,
-                    "candidates": event.candidates}
+                    "candidates": event.candidates, "drafted_ahead": event.drafted_ahead}
             self._feed.add_tokens(self._trace, [(self._text(t), o) for t, o in zip(event.emitted, origins)], info)
         elif isinstance(event, PlainEvent):
             self._feed.add_tokens(self._trace, [(self._text(t), PLAIN) for t in event.tokens], None)

@@ -64,7 +64,8 @@ async def proxy(smol_verifier: Process, model_paths: dict) -> AsyncIterator[tupl
     """An in-process proxy whose route reacts fast (EWMA weight 0.5, probe every 2nd request)."""
     config = parse_config({"routes": [{
         "name": "smol", "upstream": {"url": smol_verifier.url},
-        "draft": {"model": SMOL, "threads": 1}, "speculation": {"k": 4},
+        # Without draft-ahead, the drafter is asked once a round: `bad_after_rounds` counts rounds.
+        "draft": {"model": SMOL, "threads": 1}, "speculation": {"k": 4, "pipeline": False},
         "fallback": {"ewma_alpha": 0.5, "probe_every_requests": 2, "min_acceptance": 0.3},
     }]})
     drafts: list[SwitchableDrafter] = []
@@ -93,11 +94,11 @@ def completion(max_tokens: int = 48, **extra: Any) -> dict:
     return {"model": "smol", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, **extra}
 
 
-async def test_draft_going_bad_switches_mid_stream_and_keeps_the_exact_text(
+async def test_a_bad_draft_switches_mid_stream_and_keeps_the_exact_text(
     proxy: tuple[str, SwitchableDrafter], smol_verifier: Process
 ) -> None:
     base, draft = proxy
-    draft.rounds, draft.bad_after_rounds = 0, 3
+    draft.rounds, draft.bad_after_rounds = 0, 0
     status, headers, body = await post(base + "/v1/completions", completion())
     assert status == 200 and headers["X-Speculoos-Mode"] == "speculative"
     extension = body["speculoos"]
@@ -143,6 +144,9 @@ async def test_requests_can_opt_out_or_pin_k(proxy: tuple[str, SwitchableDrafter
     _, headers, body = await post(base + "/v1/completions", completion(12, speculoos={"k": 2}))
     assert headers["X-Speculoos-Mode"] == "speculative"
     assert body["speculoos"]["drafted"] <= 2 * body["speculoos"]["rounds"]
+    assert body["speculoos"]["draft_ahead"]["started"] == 0  # the route does not draft ahead
+    _, headers, body = await post(base + "/v1/completions", completion(12, speculoos={"k": 2, "pipeline": True}))
+    assert headers["X-Speculoos-Mode"] == "speculative" and body["speculoos"]["draft_ahead"]["started"] >= 1
     status, _, body = await post(base + "/v1/completions", completion(8, speculoos={"k": 99}))
     assert status == 400 and "k must be" in body["error"]["message"]
 

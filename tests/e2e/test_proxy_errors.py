@@ -98,6 +98,7 @@ BAD_CONTROL = [
     ("field mode unknown", {}, {"speculoos": {"mode": "fast"}}),
     ("field key unknown", {}, {"speculoos": {"mode": "on", "draft": "x"}}),
     ("field k zero", {}, {"speculoos": {"k": 0}}),
+    ("field pipeline not a boolean", {}, {"speculoos": {"pipeline": "off"}}),
 ]
 
 

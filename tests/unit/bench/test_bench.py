@@ -14,6 +14,7 @@ from proxy.bench.stats import (
     Sample,
     Spread,
     identity_check,
+    pinned_k,
     predicted_rate,
     predicted_speedup,
     spread,
@@ -61,7 +62,7 @@ def test_prediction_matches_the_controllers_rate_through_the_status_json() -> No
     alpha = controller.costs.alpha.value
     for k in (2, 4):
         assert predicted_rate(alpha, k, costs.draft_seconds_per_token, costs.verify_seconds(k)) == \
-            pytest.approx(controller.costs.speculative_rate(k))
+            pytest.approx(controller.costs.speculative_rate(k, alpha))
 
 
 @pytest.mark.parametrize(("measured", "k", "expected"), [
@@ -110,6 +111,24 @@ def test_summarise_rows() -> None:
     assert off.predicted_speedup == 1.0 and off.efficiency == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize(("reports", "expected"), [
+    ([{"started": 4, "hits": 3}, {"started": 2, "hits": 0}], (6, 3, 0.5)),
+    ([{"started": 4, "hits": 3}, None], (4, 3, 0.75)),  # a request without the object counts for nothing
+    ([{"started": 0, "hits": 0}], (0, 0, None)),
+    ([None, None], (None, None, None)),  # a proxy that does not report draft-ahead
+])
+def test_pre_draft_hit_rate_sums_over_requests(reports: list, expected: tuple) -> None:
+    extensions = [{**extension(4, 8, 6), **({"draft_ahead": r} if r is not None else {})} for r in reports]
+    samples = [sample("direct"), *(sample("k=2", prompt=i, extension=e) for i, e in enumerate(extensions))]
+    _, row = summarise(samples, ["k=2"], None)
+    assert (row.pre_drafts_started, row.pre_draft_hits, row.pre_draft_hit_rate) == expected
+
+
+@pytest.mark.parametrize(("mode", "k"), [("k=4", 4), ("k=4/seq", 4), ("auto/seq", None), ("off", None)])
+def test_pinned_k(mode: str, k: int | None) -> None:
+    assert pinned_k(mode) == k
+
+
 def test_identity_check_counts_greedy_differences_per_mode() -> None:
     samples = [
         sample("direct", text="abc"), sample("k=1", text="abc"), sample("k=2", text="abX"),
@@ -132,13 +151,34 @@ def test_parse_modes(text: str, names: list[str]) -> None:
     assert [m.name for m in runner.parse_modes(text)] == names
 
 
+@pytest.mark.parametrize(("text", "controls"), [
+    ("auto,auto/seq", {"auto": None, "auto/seq": {"pipeline": False}}),
+    ("on/seq, K=04/SEQ ", {"on/seq": {"mode": "on", "pipeline": False}, "k=4/seq": {"k": 4, "pipeline": False}}),
+    ("k=04/seq,k=4", {"k=4/seq": {"k": 4, "pipeline": False}, "k=4": {"k": 4}}),
+    ("off,on", {"off": {"mode": "off"}, "on": {"mode": "on"}}),
+])
+def test_parse_modes_controls(text: str, controls: dict) -> None:
+    assert {m.name: m.control for m in runner.parse_modes(text)} == controls
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("k=0", "bad mode 'k=0'"), ("k=33", "bad mode"), ("fast", "bad mode 'fast'"), ("", "at least one"),
-    ("k=2,k=2", "each once"),
+    ("k=2,k=2", "each once"), ("off/seq", "bad mode 'off/seq'"), ("k=0/seq", "bad mode 'k=0'"),
+    ("/seq", "bad mode ''"), ("auto/seq/seq", "bad mode 'auto/seq'"), ("k=4/seq,k=04/seq", "each once"),
 ])
 def test_parse_modes_rejects(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         runner.parse_modes(text)
+
+
+@pytest.mark.parametrize(("mode", "field"), [
+    ("auto", None), ("auto/seq", {"pipeline": False}), ("k=4/seq", {"k": 4, "pipeline": False}),
+])
+def test_request_body_carries_the_mode(mode: str, field: dict | None) -> None:
+    endpoints = runner.Endpoints("http://direct", "http://proxy", "m", None, 1.0)
+    prompt = load("code_completion").prompts[0]
+    url, body = runner.request_for(endpoints, prompt, runner.parse_modes(mode)[0], 8)
+    assert url.startswith("http://proxy/") and body.get("speculoos") == field
 
 
 def test_schedule_interleaves_and_rotates() -> None:
@@ -167,6 +207,15 @@ def test_bench_markdown_and_json() -> None:
     assert document["simulation"] is False and document["identity"]["differ"] == 1
     assert set(document["rows"][1]) >= {"tokens_per_second", "ttft_ms", "itl_ms", "alpha", "tokens_per_round",
                                         "predicted_speedup", "efficiency", "speedup"}
+
+
+def test_markdown_reports_pre_draft_hits_and_charts_no_sequential_twin() -> None:
+    pipelined = {**extension(4, 8, 6), "draft_ahead": {"started": 4, "hits": 1}}
+    samples = [sample("direct"), sample("k=2", extension=pipelined), sample("k=2/seq", extension=extension(4, 8, 6))]
+    rows = summarise(samples, ["k=2", "k=2/seq"], None)
+    text = report.bench_markdown(rows, identity_check(samples), "title")
+    assert "| 0.25 (1/4) |" in text and "pre-draft hits" in text
+    assert [k for k, _ in report.bench_series(rows)["end to end (tok/s)"]["w"]] == [2]
 
 
 def test_chart_writes_a_png(tmp_path: Path) -> None:

@@ -36,3 +36,14 @@ def test_aggregate_rate_is_tokens_over_wall_time_against_direct() -> None:
     assert rows["w", "k=4"].tokens_per_round == pytest.approx(40 / 16)  # four requests of four rounds
     assert rows["all", "k=4"].requests == 4 and rows["all", "direct"].speculative == 0
     assert "| w | k=4 | 4/4 | 10.0 | 1.00× |" in concurrent.markdown(list(rows.values()), 2, "t")
+
+
+def test_pre_draft_hits_are_summed_over_the_path_when_reported() -> None:
+    reported = [sample("k=4", extension={"rounds": 4, "drafted": 8, "accepted": 6,
+                                         "draft_ahead": {"started": 3, "hits": 2}}) for _ in range(2)]
+    bursts = [burst("direct", 1.0, [10]), concurrent.Burst("w", "k=4", 1.0, tuple(reported)),
+              burst("k=4/seq", 1.0, [10], drafted=8, accepted=6, rounds=4)]
+    rows = {r.target: r for r in concurrent.summarise(bursts, ["k=4", "k=4/seq"]) if r.workload == "w"}
+    assert (rows["k=4"].pre_drafts_started, rows["k=4"].pre_draft_hits) == (6, 4)
+    assert rows["k=4"].pre_draft_hit_rate == pytest.approx(4 / 6) and rows["k=4/seq"].pre_draft_hit_rate is None
+    assert "| 0.67 (4/6) |" in concurrent.markdown(list(rows.values()), 1, "t")

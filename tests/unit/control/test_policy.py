@@ -7,6 +7,7 @@ import pytest
 from proxy.config.schema import FallbackConfig
 from proxy.control.costs import RouteCosts
 from proxy.control.policy import MIN_ROUNDS_BEFORE_SWITCH, Decision, PinnedPolicy, RequestPolicy, choose_k
+from proxy.decode.events import PlainEvent
 from tests.unit.control.test_costs import feed_rounds, round_event
 
 
@@ -114,7 +115,10 @@ def test_a_fresh_route_measures_the_plain_rate_once_before_committing() -> None:
         policy.observe(event)
     measure = policy.next_k()
     assert (measure.k, measure.measure_plain) == (0, True)
-    costs.record_plain(8, 8 * 0.1)  # the chunk: 10 tok/s plain against about 4 speculating
+    assert policy.next_k() == measure  # asking again (to draft ahead, say) does not use it up
+    chunk = PlainEvent("r", "route", tuple(range(8)), 8 * 0.1)  # 10 tok/s plain against about 4 speculating
+    costs.observe(chunk)
+    policy.observe(chunk)
     decision = policy.next_k()
     assert (decision.k, decision.measure_plain) == (0, False) and "plain" in decision.reason
 

@@ -134,7 +134,8 @@ async def test_round_tracker_shows_a_generation_round_by_round() -> None:
         (" b", ACCEPTED, 1), (" b", ACCEPTED, 1), ("a", BONUS, 1),
         (" b", PLAIN, None), ("a", PLAIN, None)]
     assert trace.rounds[0] == {"index": 0, "k": 3, "drafted": 3, "accepted": 2, "emitted": 3,
-                               "draft_ms": 10.0, "verify_ms": 30.0, "source": "model", "candidates": 1}
+                               "draft_ms": 10.0, "verify_ms": 30.0, "source": "model", "candidates": 1,
+                               "drafted_ahead": False}
     assert trace.rate() == pytest.approx(5 / 2)  # the first batch (3 tokens at t = 101) is not counted
     assert trace.switched == "K = 0 pays better"
     assert trace.outcome == {"mode": "speculative", "status": 200, "ms": 4000.0}

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""The first request on a fresh route: how much slower than passthrough while the route learns its costs.
+
+Usage: scripts/bench_first_request.py [--target qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b]
+       [--workloads code_completion,code_editing,extraction,open_chat,creative] [--max-tokens 128]
+       [--kind hybrid] [--rtt-ms 10] [--verifier-cores 0] [--proxy-cores 1] [--out out/first_request]
+For each workload, starts a fresh verifier and a fresh proxy (nothing measured yet), sends the
+workload's first prompt through the proxy in auto mode, then the same request straight to the
+verifier (through the relay too). The proxy goes first, so the verifier's prompt cache favours
+direct. Prints each workload's tokens/s both ways and their ratio. With --verifier-cores and
+--proxy-cores overlapping (e.g. both 0,1), the regime is shared cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+from proxy.bench.local import local_stack
+from proxy.bench.rtt_sweep import regime
+from proxy.bench.workloads import load
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cores(text: str) -> set[int]:
+    return {int(part) for part in text.split(",") if part.strip()}
+
+
+def timed(url: str, body: dict) -> tuple[float, dict]:
+    """Tokens/s of one non-streaming completion (request time, end to end), and the reply."""
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    started = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=600) as reply:
+        document = json.loads(reply.read())
+    return document["usage"]["completion_tokens"] / (time.perf_counter() - started), document
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--workloads", default="code_completion,code_editing,extraction,open_chat,creative")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--kind", help="draft kind of the route (default: the model)")
+    parser.add_argument("--rtt-ms", type=float, default=10.0)
+    parser.add_argument("--verifier-cores", type=_cores, default={0})
+    parser.add_argument("--proxy-cores", type=_cores, default={1})
+    parser.add_argument("--out", type=Path, default=ROOT / "out" / "first_request")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = args.kind or "local"
+    print(f"regime: {regime(args.verifier_cores, args.proxy_cores, [args.rtt_ms])}; draft: {args.kind or 'model'}")
+    print("| workload | proxy tok/s (first request, fresh route) | direct tok/s | ÷ direct | α | τ | mode |")
+    print("|---|---|---|---|---|---|---|")
+    results = []
+    for name in args.workloads.split(","):
+        prompt = load(name).prompts[0]
+        path = prompt.path
+        body = {k: v for k, v in prompt.body(model, args.max_tokens).items() if k not in ("stream", "stream_options")}
+        with local_stack(args.target, args.draft, threads=1, kinds=[args.kind] if args.kind else (),
+                         verifier_cores=args.verifier_cores, proxy_cores=args.proxy_cores, relay_port=18002,
+                         rtt_ms=args.rtt_ms) as stack:
+            proxied, reply = timed(stack.proxy_url + path, body)
+            direct, _ = timed(stack.direct_url + path, body)
+        extension = reply.get("speculoos") or {}
+        results.append({"workload": name, "proxy": proxied, "direct": direct, "speculoos": extension})
+        alpha, tau = extension.get("alpha"), extension.get("tokens_per_round")
+        print(f"| {name} | {proxied:.2f} | {direct:.2f} | {proxied / direct:.2f}× | "
+              f"{'–' if alpha is None else f'{alpha:.2f}'} | {'–' if tau is None else f'{tau:.2f}'} "
+              f"| {extension.get('mode', 'passthrough')} |", flush=True)
+    (args.out / "first_request.json").write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
