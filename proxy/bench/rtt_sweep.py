@@ -62,10 +62,8 @@ def predicted_gain(mode: str, hit_rate: float | None, route: Mapping[str, Any] |
 
 
 def _route(document: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The benchmarked route's status: the one the bench named, else the proxy's first."""
-    routes = (document.get("proxy_status") or {}).get("routes") or []
-    named = (document.get("config") or {}).get("route")
-    return next((r for r in routes if r.get("route") == named), routes[0] if routes else None)
+    """The benchmarked route's status, as `speculoos bench --json` keeps it."""
+    return document.get("proxy_status") or None
 
 
 def _line(rtt: float, workload: str, mode: str, rows: Mapping[tuple[str, str], Mapping[str, Any]],

@@ -3,7 +3,9 @@
 The loop does the I/O of a round and publishes one `RoundEvent` per round; the acceptance maths
 is `proxy.sampling` (pure functions of the distributions), and what K to draft next is the
 request's policy. When the drafter finds nothing worth verifying, the target decodes a chunk
-plainly instead of verifying an empty draft, and the loop looks again. It calls nothing above it.
+plainly instead of verifying an empty draft, and the loop looks again. While a round is being
+verified, the next one is drafted ahead when the request pipelines (`proxy.decode.ahead`). It
+calls nothing above it.
 """
 
 from __future__ import annotations
