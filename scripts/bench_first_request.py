@@ -19,15 +19,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from proxy.bench.local import local_stack
+from proxy.bench.local import cores_argument, local_stack
 from proxy.bench.rtt_sweep import regime
 from proxy.bench.workloads import load
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _cores(text: str) -> set[int]:
-    return {int(part) for part in text.split(",") if part.strip()}
 
 
 def timed(url: str, body: dict) -> tuple[float, dict]:
@@ -47,8 +43,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--kind", help="draft kind of the route (default: the model)")
     parser.add_argument("--rtt-ms", type=float, default=10.0)
-    parser.add_argument("--verifier-cores", type=_cores, default={0})
-    parser.add_argument("--proxy-cores", type=_cores, default={1})
+    parser.add_argument("--verifier-cores", type=cores_argument, default={0})
+    parser.add_argument("--proxy-cores", type=cores_argument, default={1})
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "first_request")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from proxy.bench.local import LocalStack, local_stack, pinned
+from proxy.bench.local import LocalStack, cores_argument, local_stack, pinned
 from proxy.bench.rtt_sweep import regime, sweep_markdown
 from proxy.bench.runner import parse_modes
 
@@ -33,13 +32,6 @@ VERIFIER_PORT, PROXY_PORT, RELAY_PORT = 18001, 18080, 18002
 
 def _floats(text: str) -> list[float]:
     return [float(part) for part in text.split(",") if part.strip()]
-
-
-def _cores(text: str) -> set[int]:
-    cores = {int(part) for part in text.split(",") if part.strip()}
-    if not cores or not cores <= os.sched_getaffinity(0):
-        raise argparse.ArgumentTypeError(f"cores {text!r}: this process may use {sorted(os.sched_getaffinity(0))}")
-    return cores
 
 
 def run_bench(stack: LocalStack, rtt_ms: float, args: argparse.Namespace) -> dict:
@@ -66,8 +58,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--kind", help="draft kind of the route (default: the model, as a plain route drafts)")
-    parser.add_argument("--verifier-cores", type=_cores, default={0})
-    parser.add_argument("--proxy-cores", type=_cores, default={1})
+    parser.add_argument("--verifier-cores", type=cores_argument, default={0})
+    parser.add_argument("--proxy-cores", type=cores_argument, default={1})
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "two_device")
     args = parser.parse_args()
     try:

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import aiohttp
 
 from proxy.bench.client import stream
-from proxy.bench.report import pre_draft_cell
+from proxy.bench.report import number, pre_draft_cell
 from proxy.bench.runner import Endpoints, Job, Mode, request_for, sample_of, warm_up
-from proxy.bench.stats import DIRECT, Sample, Spread, draft_ahead, spread
+from proxy.bench.stats import DIRECT, Sample, Spread, draft_ahead, ratio, spread
 from proxy.bench.workloads import Workload
 
 ALL_WORKLOADS = "all"
@@ -112,7 +112,7 @@ def _row(workload: str, target: str, bursts: Sequence[Burst], direct: float | No
                    spread(s.tokens_per_second for s in samples if s.ok),
                    sum(e.get("accepted") or 0 for e in extensions) / drafted if drafted else None,
                    emitted / rounds if rounds else None, started, hits,
-                   hits / started if started and hits is not None else None)
+                   ratio(hits, started))
 
 
 def summarise(bursts: Sequence[Burst], targets: Sequence[str]) -> list[LoadRow]:
@@ -127,10 +127,6 @@ def summarise(bursts: Sequence[Burst], targets: Sequence[str]) -> list[LoadRow]:
     return rows
 
 
-def _num(value: float | None, digits: int, suffix: str = "") -> str:
-    return "–" if value is None else f"{value:.{digits}f}{suffix}"
-
-
 def markdown(rows: Sequence[LoadRow], concurrency: int, title: str) -> str:
     """The concurrent-load table."""
     lines = [f"### {title}", "", f"{concurrency} streams at once per burst.", "",
@@ -141,7 +137,7 @@ def markdown(rows: Sequence[LoadRow], concurrency: int, title: str) -> str:
             f"{r.per_request.median:.1f} ({r.per_request.low:.1f}–{r.per_request.high:.1f})")
         errors = f" ({r.errors} failed)" if r.errors else ""
         served = "–" if r.target == DIRECT else f"{r.speculative}/{r.requests - r.errors}"
-        lines.append(f"| {r.workload} | {r.target}{errors} | {served} | {_num(r.aggregate_tokens_per_second, 1)} "
-                     f"| {_num(r.vs_direct, 2, '×')} | {per} | {_num(r.alpha, 2)} | {_num(r.tokens_per_round, 2)} "
+        lines.append(f"| {r.workload} | {r.target}{errors} | {served} | {number(r.aggregate_tokens_per_second, 1)} "
+                     f"| {number(r.vs_direct, 2, '×')} | {per} | {number(r.alpha, 2)} | {number(r.tokens_per_round, 2)} "
                      f"| {pre_draft_cell(r.pre_draft_hit_rate, r.pre_draft_hits, r.pre_drafts_started)} |")
     return "\n".join(lines) + "\n"

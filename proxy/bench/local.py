@@ -8,6 +8,7 @@ at several RTTs without reloading the models.
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -22,6 +23,14 @@ from pathlib import Path
 START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 30.0
 HOST = "127.0.0.1"
+
+
+def cores_argument(text: str) -> set[int]:
+    """An argparse type: '0,2' -> {0, 2}, cores this process may run on."""
+    cores = {int(part) for part in text.split(",") if part.strip()}
+    if not cores or not cores <= os.sched_getaffinity(0):
+        raise argparse.ArgumentTypeError(f"cores {text!r}: this process may use {sorted(os.sched_getaffinity(0))}")
+    return cores
 
 
 def pinned(cores: Collection[int] | None) -> Callable[[], None] | None:

@@ -23,13 +23,14 @@ NOTES = ("tok/s: output tokens ÷ request time, end to end. speedup: median tok/
          "during a verification whose tokens were used ÷ those started. /seq: the mode with draft-ahead off.")
 
 
-def _num(value: float | None, digits: int = 1, suffix: str = "") -> str:
+def number(value: float | None, digits: int = 1, suffix: str = "") -> str:
+    """A figure for a table cell: '–' when missing."""
     return "–" if value is None else f"{value:.{digits}f}{suffix}"
 
 
 def pre_draft_cell(rate: float | None, hits: int | None, started: int | None) -> str:
     """'0.67 (4/6)': the hit rate and its counts; '–' when the proxy did not report draft-ahead."""
-    return "–" if started is None else f"{_num(rate, 2)} ({hits}/{started})"
+    return "–" if started is None else f"{number(rate, 2)} ({hits}/{started})"
 
 
 def bench_markdown(rows: Sequence[Row], identity: Identity, title: str) -> str:
@@ -43,11 +44,11 @@ def bench_markdown(rows: Sequence[Row], identity: Identity, title: str) -> str:
             f"{r.tokens_per_second.median:.1f} ({r.tokens_per_second.low:.1f}–{r.tokens_per_second.high:.1f})")
         served = "–" if r.mode == DIRECT else f"{r.speculative}/{r.requests - r.errors}"
         errors = f" ({r.errors} failed)" if r.errors else ""
-        lines.append(f"| {r.workload} | {r.mode}{errors} | {served} | {rate} | {_num(r.speedup, 2, '×')} "
-                     f"| {_num(r.ttft_ms, 0)} | {_num(r.itl_ms, 1)} | {_num(r.decode_speedup, 2, '×')} "
-                     f"| {_num(r.alpha, 2)} | {_num(r.tokens_per_round, 2)} | {_num(r.mean_k, 1)} "
+        lines.append(f"| {r.workload} | {r.mode}{errors} | {served} | {rate} | {number(r.speedup, 2, '×')} "
+                     f"| {number(r.ttft_ms, 0)} | {number(r.itl_ms, 1)} | {number(r.decode_speedup, 2, '×')} "
+                     f"| {number(r.alpha, 2)} | {number(r.tokens_per_round, 2)} | {number(r.mean_k, 1)} "
                      f"| {pre_draft_cell(r.pre_draft_hit_rate, r.pre_draft_hits, r.pre_drafts_started)} "
-                     f"| {_num(r.predicted_speedup, 2, '×')} | {_num(r.efficiency, 2)} |")
+                     f"| {number(r.predicted_speedup, 2, '×')} | {number(r.efficiency, 2)} |")
     lines += ["", NOTES, "", identity_line(identity)]
     return "\n".join(lines) + "\n"
 
@@ -68,7 +69,7 @@ def simulation_markdown(rows: Sequence[SimulatedRow], description: str) -> str:
              "| workload | mode | requests | rounds | α | mean K | tokens/round | speedup | per request (min–max) "
              "| formula |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r.workload} | {r.mode} | {r.requests} | {r.rounds} | {_num(r.alpha, 2)} | {r.mean_k:.1f} "
+        lines.append(f"| {r.workload} | {r.mode} | {r.requests} | {r.rounds} | {number(r.alpha, 2)} | {r.mean_k:.1f} "
                      f"| {r.tokens_per_round:.2f} | {r.speedup:.2f}× "
                      f"| {r.per_request.low:.2f}–{r.per_request.high:.2f} "
                      f"| {r.formula_speedup:.2f}× |")

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from proxy.bench.report import pre_draft_cell
-from proxy.bench.stats import DIRECT, SEQUENTIAL_SUFFIX, Costs, pinned_k
+from proxy.bench.report import number, pre_draft_cell
+from proxy.bench.stats import DIRECT, SEQUENTIAL_SUFFIX, Costs, pinned_k, ratio
 from proxy.control.costs import round_seconds
 
 NOTES = ("tok/s: median output tokens ÷ request time, end to end, client beside the proxy (so direct pays "
@@ -41,14 +41,6 @@ def _rate(row: Mapping[str, Any] | None) -> float | None:
     return spread["median"] if spread else None
 
 
-def _num(value: float | None, digits: int, suffix: str = "") -> str:
-    return "–" if value is None else f"{value:.{digits}f}{suffix}"
-
-
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
-    return numerator / denominator if numerator is not None and denominator else None
-
-
 def predicted_gain(mode: str, hit_rate: float | None, route: Mapping[str, Any] | None) -> float | None:
     """Pipelined ÷ sequential tokens/s the cost model predicts for a pinned-K mode (None when unknown)."""
     k = pinned_k(mode)
@@ -73,13 +65,13 @@ def _line(rtt: float, workload: str, mode: str, rows: Mapping[tuple[str, str], M
         return None
     direct, rate = _rate(rows.get((workload, DIRECT))), _rate(row)
     twin = mode + SEQUENTIAL_SUFFIX
-    gain = _ratio(rate, _rate(rows.get((workload, twin)))) if twin in modes else None
+    gain = ratio(rate, _rate(rows.get((workload, twin)))) if twin in modes else None
     predicted = predicted_gain(mode, row.get("pre_draft_hit_rate"), route) if twin in modes else None
     failed = f" ({row['errors']} failed)" if row.get("errors") else ""
     hits = pre_draft_cell(row.get("pre_draft_hit_rate"), row.get("pre_draft_hits"), row.get("pre_drafts_started"))
-    return (f"| {rtt:g} | {workload} | {mode}{failed} | {_num(direct, 1)} | {_num(rate, 1)} "
-            f"| {_num(_ratio(rate, direct), 2, '×')} | {_num(row.get('alpha'), 2)} "
-            f"| {_num(row.get('tokens_per_round'), 2)} | {hits} | {_num(gain, 2, '×')} | {_num(predicted, 2, '×')} |")
+    return (f"| {rtt:g} | {workload} | {mode}{failed} | {number(direct, 1)} | {number(rate, 1)} "
+            f"| {number(ratio(rate, direct), 2, '×')} | {number(row.get('alpha'), 2)} "
+            f"| {number(row.get('tokens_per_round'), 2)} | {hits} | {number(gain, 2, '×')} | {number(predicted, 2, '×')} |")
 
 
 def sweep_markdown(documents: Mapping[float, Mapping[str, Any]], modes: Sequence[str], header: str) -> str:

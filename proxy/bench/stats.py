@@ -197,7 +197,8 @@ class Row:
     pre_draft_hit_rate: float | None  # hits ÷ started
 
 
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator ÷ denominator, or None when either is missing (or the denominator is 0)."""
     return numerator / denominator if numerator is not None and denominator else None
 
 
@@ -233,15 +234,15 @@ def _row(workload: str, mode: str, samples: Sequence[Sample], baseline: Row | No
         elif costs is not None and alpha is not None and mean_k is not None:
             # A pinned K drafts fewer only in a generation's last round; auto mode's K varies.
             predicted = predicted_speedup(alpha, pinned_k(mode) or mean_k, costs, plain_rate, share)
-    speedup = _ratio(rate.median if rate else None, baseline.tokens_per_second.median
+    speedup = ratio(rate.median if rate else None, baseline.tokens_per_second.median
                      if baseline and baseline.tokens_per_second else None)
-    decode_speedup = _ratio(baseline.itl_ms if baseline else None, itl * 1000.0 if itl else None)
+    decode_speedup = ratio(baseline.itl_ms if baseline else None, itl * 1000.0 if itl else None)
     return Row(workload, mode, len(samples), len(samples) - len(ok), len(extensions), rate,
                ttft * 1000.0 if ttft is not None else None, itl * 1000.0 if itl is not None else None,
                alpha, emitted / rounds if rounds else None, mean_k,
                1.0 if mode == DIRECT else speedup, 1.0 if mode == DIRECT else decode_speedup,
-               predicted, _ratio(decode_speedup, predicted) if mode != DIRECT else None,
-               started, hits, _ratio(hits, started))
+               predicted, ratio(decode_speedup, predicted) if mode != DIRECT else None,
+               started, hits, ratio(hits, started))
 
 
 def summarise(samples: Sequence[Sample], modes: Sequence[str], costs: Costs | None) -> list[Row]:

@@ -88,6 +88,7 @@ class RouteCosts:
     context_by_k: dict[int, Ewma] = field(init=False)  # the context lengths those verifications saw
     plain_per_token: Ewma = field(init=False)
     recent: deque[tuple[int, int, float]] = field(init=False)  # (k, context, seconds) of recent verifications
+    context_slope: float = field(init=False)  # seconds a verification gains per token of context, refitted per round
 
     def __post_init__(self) -> None:
         self.alpha = Ewma(self.weight)
@@ -100,6 +101,7 @@ class RouteCosts:
         self.context_by_k = {}
         self.plain_per_token = Ewma(self.weight)
         self.recent = deque(maxlen=RECENT_VERIFICATIONS)
+        self.context_slope = 0.0
 
     def observe(self, event: Event) -> None:
         """Fold in a speculative generation's round or plain chunk."""
@@ -137,6 +139,7 @@ class RouteCosts:
         self.verify_by_k.setdefault(k, Ewma(self.weight)).add(verify_seconds)
         self.context_by_k.setdefault(k, Ewma(self.weight)).add(context)
         self.recent.append((k, context, verify_seconds))
+        self.context_slope = self._fit_context_slope()  # once per round, not once per K the policy weighs
 
     def record_plain(self, tokens: int, seconds: float) -> None:
         """Target-only decoding: a passthrough answer or a plain chunk after a mid-stream switch."""
@@ -147,7 +150,7 @@ class RouteCosts:
         """How many different K have a measured verification time."""
         return sum(e.value is not None for e in self.verify_by_k.values())
 
-    def context_slope(self) -> float:
+    def _fit_context_slope(self) -> float:
         """Seconds a verification gains per token of context (0 until contexts varied enough to tell).
 
         Fitted over recent verifications, each against the mean of those with the same K, so the
@@ -173,7 +176,7 @@ class RouteCosts:
         seen = self.context_by_k.get(k)
         typical = seen.value if seen and seen.value is not None else np.mean(
             [e.value for e in self.context_by_k.values() if e.value is not None])
-        return max(base + self.context_slope() * (context - float(typical)), 1e-6)
+        return max(base + self.context_slope * (context - float(typical)), 1e-6)
 
     def _verify_time(self, k: int) -> float | None:
         """Verification time for k drafts at the route's typical context: measured, or a line through what was."""

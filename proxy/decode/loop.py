@@ -45,7 +45,7 @@ async def speculative_tokens(session: Session, drafter: Drafter, target: Target)
                 async for tokens in plain_tokens(session, target, rounds.context, remaining):
                     yield tokens
                 return
-            emitted = _until_end(await rounds.step(decision, remaining), is_end)
+            emitted = await rounds.step(decision, remaining)
             if not emitted:
                 return
             produced += len(emitted)
@@ -78,10 +78,11 @@ class _Rounds:
             self.ahead = None
 
     async def step(self, decision: Decision, remaining: int) -> tuple[int, ...]:
-        """The next tokens: a plain chunk to measure the plain rate, a plain chunk after a lookup miss, or a round."""
-        session = self.session
+        """The next tokens, up to the end of generation: a plain chunk to measure the plain rate, a plain chunk
+        after a lookup miss, or a round."""
+        session, is_end = self.session, self.drafter.vocabulary.is_end_of_generation
         if decision.measure_plain:
-            return tuple(await plain_chunk(session, self.target, self.context, min(PLAIN_CHUNK, remaining)))
+            return await self._plain(min(PLAIN_CHUNK, remaining))
         # A round emits up to k + 1 tokens; the last round still drafts one so every token goes
         # through the sampler. Cutting a round's output short keeps it exact (each prefix follows
         # the target's distribution).
@@ -95,9 +96,8 @@ class _Rounds:
         else:
             ahead, draft = None, await self.drafter.propose(self.context, plan)
         if not draft.tokens:
-            return tuple(await plain_chunk(session, self.target, self.context,
-                                           min(session.policy.plain_chunk(), remaining), lookup_missed=True,
-                                           declined=draft.declined))
+            return await self._plain(min(session.policy.plain_chunk(), remaining), lookup_missed=True,
+                                     declined=draft.declined)
         drafted_at = time.perf_counter()
         verification = asyncio.ensure_future(_verify(session, self.target, self.context, draft))
         self.ahead = _draft_ahead(session, self.drafter, self.context, draft, remaining)
@@ -105,21 +105,26 @@ class _Rounds:
             emitted, accepted, followed, tv_bound = await verification
         finally:
             verification.cancel()  # a client gone while waiting stops the verification too
-        emitted = emitted[:remaining]
+        emitted = _until_end(emitted[:remaining], is_end)
         hit = None
         if self.ahead is not None:
-            hit = await _resolve(self.ahead, draft, accepted, emitted, self.drafter.vocabulary.is_end_of_generation)
+            hit = await _resolve(self.ahead, draft, accepted, emitted, is_end)
             self.ahead = self.ahead if hit else None
         self.worst_tv = max(self.worst_tv, tv_bound)
         asked = plan.k if draft.source == "model" else plan.lookup_k
         session.publish(RoundEvent(
-            session.request_id, session.route, self.index, asked, followed, accepted,
-            _until_end(emitted, self.drafter.vocabulary.is_end_of_generation), drafted_at - started,
+            session.request_id, session.route, self.index, asked, followed, accepted, emitted, drafted_at - started,
             time.perf_counter() - drafted_at, tv_bound, draft.source, 1 + len(draft.alternatives), draft.declined,
             drafted_ahead=ahead is not None, ahead_seconds_per_token=ahead.seconds_per_token if ahead else None,
             ahead_hit=hit, context=len(self.context)))
         self.index += 1
         return emitted
+
+    async def _plain(self, n: int, *, lookup_missed: bool = False, declined: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """A chunk of up to n tokens decoded by the target, up to the end of generation."""
+        tokens = await plain_chunk(self.session, self.target, self.context, n, lookup_missed=lookup_missed,
+                                   declined=declined)
+        return _until_end(tuple(tokens), self.drafter.vocabulary.is_end_of_generation)
 
 
 async def _resolve(ahead: DraftAhead, draft: Draft, accepted: int, emitted: tuple[int, ...],

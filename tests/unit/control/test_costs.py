@@ -97,7 +97,7 @@ def test_verification_time_follows_the_context_when_the_server_reevaluates_it() 
     costs = RouteCosts(0.1, 8)
     for context in range(100, 1700, 50):  # 1 ms per 100 tokens of context, on top of 0.2 s
         costs.record_round(4, 4, 0.1, 0.2 + context / 100_000, context=context)
-    assert costs.context_slope() == pytest.approx(1e-5)
+    assert costs.context_slope == pytest.approx(1e-5)
     assert costs.verify_time(4, 3000) - costs.verify_time(4, 1000) == pytest.approx(0.02)
 
 
@@ -106,5 +106,5 @@ def test_a_cached_context_or_too_little_spread_adds_nothing() -> None:
     for context in range(100, 1700, 50):
         flat.record_round(4, 4, 0.1, 0.2, context=context)
         narrow.record_round(4, 4, 0.1, 0.2 + context / 1000, context=500 + context % 3)
-    assert flat.context_slope() == 0.0 and narrow.context_slope() == 0.0
+    assert flat.context_slope == 0.0 and narrow.context_slope == 0.0
     assert flat.verify_time(4, 5000) == pytest.approx(0.2)
