@@ -5,9 +5,10 @@ Usage: scripts/bench_first_request.py [--target qwen2.5-coder-1.5b] [--draft qwe
        [--workloads code_completion,code_editing,extraction,open_chat,creative] [--max-tokens 128]
        [--kind hybrid] [--rtt-ms 10] [--verifier-cores 0] [--proxy-cores 1] [--out out/first_request]
 For each workload, starts a fresh verifier and a fresh proxy (nothing measured yet), sends the
-workload's first prompt through the proxy in auto mode, then the same request straight to the
-verifier (through the relay too). The proxy goes first, so the verifier's prompt cache favours
-direct. Prints each workload's tokens/s both ways and their ratio. With --verifier-cores and
+workload's first prompt through the proxy in auto mode; then, on another fresh stack, the same
+request straight to the verifier (through the relay too). Neither finds the prompt cached on the
+verifier, as a user's first request would not. Prints each workload's tokens/s both ways and
+their ratio. With --verifier-cores and
 --proxy-cores overlapping (e.g. both 0,1), the regime is shared cores.
 """
 
@@ -17,9 +18,10 @@ import argparse
 import json
 import time
 import urllib.request
+from contextlib import AbstractContextManager
 from pathlib import Path
 
-from proxy.bench.local import cores_argument, local_stack
+from proxy.bench.local import LocalStack, cores_argument, local_stack
 from proxy.bench.rtt_sweep import regime
 from proxy.bench.workloads import load
 
@@ -33,6 +35,13 @@ def timed(url: str, body: dict) -> tuple[float, dict]:
     with urllib.request.urlopen(request, timeout=600) as reply:
         document = json.loads(reply.read())
     return document["usage"]["completion_tokens"] / (time.perf_counter() - started), document
+
+
+def fresh_stack(args: argparse.Namespace) -> AbstractContextManager[LocalStack]:
+    """A verifier and a proxy that have seen nothing yet."""
+    return local_stack(args.target, args.draft, threads=1, kinds=[args.kind] if args.kind else (),
+                       verifier_cores=args.verifier_cores, proxy_cores=args.proxy_cores, relay_port=18002,
+                       rtt_ms=args.rtt_ms)
 
 
 def main() -> None:
@@ -57,10 +66,9 @@ def main() -> None:
         prompt = load(name).prompts[0]
         path = prompt.path
         body = {k: v for k, v in prompt.body(model, args.max_tokens).items() if k not in ("stream", "stream_options")}
-        with local_stack(args.target, args.draft, threads=1, kinds=[args.kind] if args.kind else (),
-                         verifier_cores=args.verifier_cores, proxy_cores=args.proxy_cores, relay_port=18002,
-                         rtt_ms=args.rtt_ms) as stack:
+        with fresh_stack(args) as stack:
             proxied, reply = timed(stack.proxy_url + path, body)
+        with fresh_stack(args) as stack:
             direct, _ = timed(stack.direct_url + path, body)
         extension = reply.get("speculoos") or {}
         results.append({"workload": name, "proxy": proxied, "direct": direct, "speculoos": extension})

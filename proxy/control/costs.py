@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from proxy.config.schema import MAX_K
-from proxy.decode.events import Event, PlainEvent, RoundEvent
+from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent
 
 UNMEASURED_ALPHA = 0.5  # a neutral prior before any round was seen
 RECENT_VERIFICATIONS = 256  # the window the context slope is fitted over
@@ -48,6 +48,19 @@ def survival(alpha: float, measured: Sequence[float | None], k: int) -> list[flo
         last = min(last, value) if value is not None else last * alpha
         curve.append(last)
     return curve
+
+
+def read_windows(agreed: Sequence[bool], k: int) -> tuple[list[int], list[int]]:
+    """A read chunk as the greedy rounds the draft would have made, one starting at each token: per position j < k,
+    how many of them reach j (j tokens remain in the chunk) and how many accept every draft up to j."""
+    reached, survived = [0] * k, [0] * k
+    run = 0  # drafts that would have been accepted in a row from this start on
+    for start in range(len(agreed) - 1, -1, -1):
+        run = run + 1 if agreed[start] else 0
+        for position in range(min(len(agreed) - start, k)):
+            reached[position] += 1
+            survived[position] += position < run
+    return reached, survived
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -111,8 +124,10 @@ class RouteCosts:
             self.record_round(len(event.drafted), event.accepted, event.draft_seconds, event.verify_seconds,
                               costs=event.warm and event.candidates == 1, lookup=event.source != "model",
                               ahead_seconds_per_token=event.ahead_seconds_per_token, context=event.context)
-        elif isinstance(event, PlainEvent):
+        elif isinstance(event, PlainEvent) and not event.prefill:
             self.record_plain(len(event.tokens), event.seconds)
+        elif isinstance(event, ReadEvent):
+            self.record_read(event.agreed)
 
     def record_round(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float,
                      *, costs: bool = True, lookup: bool = False, ahead_seconds_per_token: float | None = None,
@@ -140,6 +155,16 @@ class RouteCosts:
         self.context_by_k.setdefault(k, Ewma(self.weight)).add(context)
         self.recent.append((k, context, verify_seconds))
         self.context_slope = self._fit_context_slope()  # once per round, not once per K the policy weighs
+
+    def record_read(self, agreed: Sequence[bool]) -> None:
+        """A plain chunk a greedy request's draft read, weighed as one round: its survival and α at its longest K."""
+        reached, survived = read_windows(agreed, len(self.alpha_per_position))
+        fractions = [s / r for s, r in zip(survived, reached, strict=True) if r]
+        if not fractions:
+            return
+        for estimate, fraction in zip(self.alpha_per_position, fractions, strict=False):
+            estimate.add(fraction)
+        self.alpha.add(float(np.mean(fractions)))  # a round's accepted / K averages its survival over positions
 
     def record_plain(self, tokens: int, seconds: float) -> None:
         """Target-only decoding: a passthrough answer or a plain chunk after a mid-stream switch."""

@@ -6,7 +6,9 @@ K = 0 means plain decoding (passthrough for a new request). The rule (Leviathan 
     speculative rate           E / T   versus   the plain rate 1 / plain_time_per_token
 with hysteresis so a decision does not flap near the break-even point. A request decides with its
 own α (code editing and open chat differ wildly on one route) and the route's costs; it never
-writes the route's decision.
+writes the route's decision. A greedy request's own evidence includes the plain chunks its draft
+read: a chunk of n tokens is n rounds the draft would have made, one starting at each token,
+measured for free while the target decoded.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.config.schema import FallbackConfig
-from proxy.control.costs import RouteCosts, survival
+from proxy.control.costs import RouteCosts, read_windows, survival
 from proxy.control.lookup import MIN_PLAIN_CHUNK, LookupOdds
-from proxy.decode.events import Event, PlainEvent, RoundEvent
+from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent
 
 PASSTHROUGH_K = 0
 PRIOR_ROUNDS = 2  # the route's survival curve counts as this many of a request's own rounds
@@ -47,12 +49,12 @@ def choose_k(costs: RouteCosts, settings: FallbackConfig, configured_k: int, *, 
                                        context=context)
              for k in range(settings.k_min, settings.k_max + 1)}
     known = {k: r for k, r in rates.items() if r is not None}
-    if not known:
-        return Decision(configured_k, NOT_MEASURED)
-    best_k = max(known, key=lambda k: known[k])
     plain = costs.plain_rate
     if alpha is not None and alpha_rounds >= MIN_ROUNDS_BEFORE_SWITCH and alpha < settings.min_acceptance:
         return Decision(PASSTHROUGH_K, f"α {alpha:.2f} below min_acceptance {settings.min_acceptance}", plain, plain)
+    if not known:
+        return Decision(configured_k, NOT_MEASURED)
+    best_k = max(known, key=lambda k: known[k])
     if plain is None:
         return Decision(best_k, "passthrough rate not measured yet", known[best_k])
     margin = (1.0 - settings.hysteresis) if speculating else (1.0 + settings.hysteresis)
@@ -97,6 +99,7 @@ class RequestPolicy:
         self._explore = explore  # a route in passthrough: try the configured K for the first rounds
         self.current = start  # the route's decision when the request started
         self.rounds = self.drafted = self.accepted = 0  # drafted and accepted: the model draft's
+        self.reads = 0  # plain chunks the draft read: greedy rounds it would have made count as its own
         self.context: int | None = None  # tokens so far, once an event said
         self._reached = [0] * settings.k_max  # per position: the model's rounds that drafted it
         self._survived = [0] * settings.k_max  # ... and accepted it and every draft before it
@@ -105,9 +108,11 @@ class RequestPolicy:
     def observe(self, event: Event) -> None:
         """Count this request's rounds (the model's acceptance apart) and its lookups."""
         if isinstance(event, PlainEvent):
-            self._measured_plain = True
+            self._measured_plain |= not event.prefill
             if self.context is not None:
                 self.context += len(event.tokens)
+        if isinstance(event, ReadEvent):
+            self._read(event.agreed)
         if isinstance(event, RoundEvent):
             self.context = event.context + len(event.emitted)
             self.rounds += 1
@@ -118,6 +123,15 @@ class RequestPolicy:
                     self._reached[position] += 1
                     self._survived[position] += position < event.accepted
         self.lookup.observe(event)
+
+    def _read(self, agreed: Sequence[bool]) -> None:
+        """Count a plain chunk the draft read as the rounds it would have made, one starting at each token."""
+        self.reads += 1
+        self.drafted += len(agreed)
+        self.accepted += sum(agreed)
+        reached, survived = read_windows(agreed, len(self._reached))
+        self._reached = [a + b for a, b in zip(self._reached, reached, strict=True)]
+        self._survived = [a + b for a, b in zip(self._survived, survived, strict=True)]
 
     def lookup_length(self, probs: Sequence[float]) -> int:
         """The worthwhile prefix of a lookup path, against plain decoding and the model draft."""
@@ -130,9 +144,13 @@ class RequestPolicy:
 
     def _model_rate(self) -> float | None:
         """The model draft's predicted tokens/s at this request's K (None when it is off or not measured)."""
-        k = self.next_k().k if self.rounds >= MIN_ROUNDS_BEFORE_SWITCH else self.current.k
+        k = self.next_k().k if self._evidence() >= MIN_ROUNDS_BEFORE_SWITCH else self.current.k
         return (self._costs.speculative_rate(k, curve=self.survival()[:k], pipelined=self._pipelined,
                                              context=self.context) if k > 0 else None)
+
+    def _evidence(self) -> int:
+        """Rounds of this request's own, made or read."""
+        return self.rounds + self.reads
 
     def survival(self) -> list[float]:
         """This request's survival curve so far, with the route's as the prior."""
@@ -143,7 +161,8 @@ class RequestPolicy:
 
     def next_k(self) -> Decision:
         """K for the next round; 0 to continue by plain decoding."""
-        if self.rounds < MIN_ROUNDS_BEFORE_SWITCH:
+        evidence = self._evidence()
+        if evidence < MIN_ROUNDS_BEFORE_SWITCH:
             # A probe starts from a route in passthrough (k = 0): it explores at the configured k.
             return Decision(self.current.k or (self._configured_k if self._explore else 0), self.current.reason)
         if self._costs.plain_rate is None and not self._measured_plain and not self._forced:
@@ -151,7 +170,7 @@ class RequestPolicy:
             # chunk measures that (with the prefix cached on the target by now) before committing.
             return Decision(PASSTHROUGH_K, "measuring the plain rate before deciding", measure_plain=True)
         alpha = self.accepted / self.drafted if self.drafted else self._costs.alpha.value
-        rounds = self.rounds if self.drafted else self._costs.alpha.samples
+        rounds = evidence if self.drafted else self._costs.alpha.samples
         self.current = choose_k(self._costs, self._settings, self._configured_k, alpha=alpha, alpha_rounds=rounds,
                                 speculating=self.current.k > 0, pipelined=self._pipelined, context=self.context,
                                 curve=self.survival())

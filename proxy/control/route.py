@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from proxy.config.schema import FallbackConfig
 from proxy.control.costs import RouteCosts
 from proxy.control.policy import MIN_ROUNDS_BEFORE_SWITCH, NOT_MEASURED, Decision, RequestPolicy, choose_k
-from proxy.decode.events import Event, PlainEvent, RoundEvent
+from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent
 
 
 @dataclass
@@ -39,7 +39,7 @@ class RouteController:
     def observe(self, event: Event) -> None:
         """A speculative generation's event: measure it, then decide again for the route."""
         self.costs.observe(event)
-        if isinstance(event, RoundEvent | PlainEvent):
+        if isinstance(event, RoundEvent | PlainEvent | ReadEvent):
             self.decide()
 
     def record_plain(self, tokens: int, seconds: float) -> None:

@@ -50,6 +50,22 @@ class PlainEvent:
     seconds: float
     lookup_missed: bool = False  # a lookup found nothing worth verifying; speculation resumes after the chunk
     declined: tuple[int, ...] = ()  # the lookup path found but not verified, to compare with what the target said
+    prefill: bool = False  # the chunk came straight after the prompt: its time includes the prompt's prefill
+
+
+@dataclass(frozen=True)
+class ReadEvent:
+    """The draft model read tokens the target decoded plainly: what it would have drafted greedily before each."""
+
+    request_id: str
+    route: str
+    tokens: tuple[int, ...]  # what the target decoded
+    predicted: tuple[int, ...]  # the draft's greedy choice at each of those positions
+
+    @property
+    def agreed(self) -> tuple[bool, ...]:
+        """Per position: the draft would have drafted the target's token (a greedy round would accept it)."""
+        return tuple(p == t for p, t in zip(self.predicted, self.tokens, strict=True))
 
 
 @dataclass(frozen=True)
@@ -61,7 +77,7 @@ class SwitchEvent:
     reason: str
 
 
-Event = RoundEvent | PlainEvent | SwitchEvent
+Event = RoundEvent | PlainEvent | ReadEvent | SwitchEvent
 Subscriber = Callable[[Event], None]
 
 

@@ -4,19 +4,25 @@ The loop does the I/O of a round and publishes one `RoundEvent` per round; the a
 is `proxy.sampling` (pure functions of the distributions), and what K to draft next is the
 request's policy. When the drafter finds nothing worth verifying, the target decodes a chunk
 plainly instead of verifying an empty draft, and the loop looks again. While a round is being
-verified, the next one is drafted ahead when the request pipelines (`proxy.decode.ahead`). It
-calls nothing above it.
+verified, the next one is drafted ahead when the request pipelines (`proxy.decode.ahead`). While
+the draft model reads the prompt, the target decodes the first tokens plainly instead of idling
+(the two work at the same time; the prompt's prefill is then hidden on both sides). It calls
+nothing above it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from typing import TypeVar
+
+import structlog
 
 from proxy.control.policy import Decision
 from proxy.decode.ahead import DraftAhead
-from proxy.decode.events import RoundEvent, SwitchEvent
+from proxy.decode.events import ReadEvent, RoundEvent, SwitchEvent
 from proxy.decode.plain import PLAIN_CHUNK, plain_chunk, plain_tokens
 from proxy.decode.session import Session
 from proxy.drafting.base import Draft, Drafter
@@ -25,6 +31,10 @@ from proxy.sampling.processors import one_hot
 from proxy.sampling.rejection import verify_on_support
 from proxy.targets.base import Target
 
+log = structlog.get_logger("speculoos.loop")
+T = TypeVar("T")
+START_CHUNK = 4  # plain tokens per target call while the draft model reads the prompt
+
 
 async def speculative_tokens(session: Session, drafter: Drafter, target: Target) -> AsyncIterator[list[int]]:
     """Yield each round's emitted tokens; continue by plain decoding when the policy says K = 0."""
@@ -32,14 +42,17 @@ async def speculative_tokens(session: Session, drafter: Drafter, target: Target)
     is_end = drafter.vocabulary.is_end_of_generation
     produced = 0
     try:
+        rounds.start_reading()
         while produced < session.max_tokens:
             remaining = session.max_tokens - produced
             decision = session.policy.next_k()
             if decision.k == 0:
                 await rounds.stop_ahead()
-            # K = 0 ends speculation for a model draft; a lookup drafter goes on, in plain chunks where
-            # nothing is worth verifying. Plain decoding is exact and always allowed.
-            if (decision.k == 0 and not drafter.looks_up and not decision.measure_plain) or rounds.over_tv():
+            # K = 0 ends speculation for a model draft unless it keeps reading what the target writes
+            # (which tells the policy when drafting would pay again); a lookup drafter goes on, in
+            # plain chunks where nothing is worth verifying. Plain decoding is exact and always allowed.
+            if rounds.over_tv() or (decision.k == 0 and not decision.measure_plain and not drafter.looks_up
+                                    and not rounds.resumes):
                 reason = decision.reason if decision.k == 0 else f"error bound {rounds.worst_tv:.3g} above max_tv"
                 session.publish(SwitchEvent(session.request_id, session.route, reason))
                 async for tokens in plain_tokens(session, target, rounds.context, remaining):
@@ -54,7 +67,7 @@ async def speculative_tokens(session: Session, drafter: Drafter, target: Target)
                 return
             rounds.context.extend(emitted)
     finally:
-        await rounds.stop_ahead()
+        await rounds.stop_drafting()
 
 
 class _Rounds:
@@ -66,10 +79,48 @@ class _Rounds:
         self.index = 0
         self.worst_tv = 0.0
         self.ahead: DraftAhead | None = None  # the next round, drafted while this one was verified
+        self.reads = session.warm_up  # the draft model reads what the target writes while the target goes on
+        # After a switch a greedy request's draft reads on: what it would have drafted tells when drafting pays again.
+        self.resumes = session.warm_up and session.params.greedy
+        self.reading: asyncio.Future[None] | None = None  # the draft model's reading in flight (the last of a chain)
+        self.reading_prompt: asyncio.Future[None] | None = None  # the chain's first: the prompt
+        self.switched = False  # a SwitchEvent was published
 
     def over_tv(self) -> bool:
         """Whether bounded sampling's error budget is spent."""
         return self.worst_tv > self.session.max_tv
+
+    def start_reading(self) -> None:
+        """Have the draft model read the prompt in the background, when the request warms up that way."""
+        if self.reads and (pending := self.drafter.prefill(self.session.request_id, self.context)):
+            self.reading = self.reading_prompt = asyncio.ensure_future(_quietly(pending, "reading the prompt"))
+
+    def _read(self, tokens: tuple[int, ...]) -> None:
+        """Have the draft model read a plain chunk once it has read everything before it."""
+        previous, context = self.reading, list(self.context)
+
+        async def read() -> None:
+            if previous is not None:
+                await previous  # never fails; cancelling this reading cancels it too
+            predicted = await _quietly(self._predict(context, tokens), "reading a plain chunk")
+            if predicted is not None and self.session.params.greedy:  # a sampled draft's argmax is not its draft
+                self.session.publish(ReadEvent(self.session.request_id, self.session.route, tokens, tuple(predicted)))
+
+        self.reading = asyncio.ensure_future(read())
+
+    async def _predict(self, context: list[int], tokens: tuple[int, ...]) -> list[int] | None:
+        """The draft reads tokens after context: its greedy choice at each (None: the drafter has no model)."""
+        pending = self.drafter.read(self.session.request_id, context, tokens)
+        return None if pending is None else await pending
+
+    def prompt_read(self) -> bool:
+        """Whether the draft model has read the prompt (or never had to)."""
+        return self.reading_prompt is None or self.reading_prompt.done()
+
+    async def caught_up(self) -> None:
+        """Wait until the draft model has read everything the target wrote (one evaluation at a time per sequence)."""
+        if self.reading is not None:
+            await self.reading
 
     async def stop_ahead(self) -> None:
         """Drop the draft-ahead in flight, if any."""
@@ -77,18 +128,34 @@ class _Rounds:
             await self.ahead.cancel()
             self.ahead = None
 
+    async def stop_drafting(self) -> None:
+        """Drop the draft-ahead and the reading in flight, if any."""
+        await self.stop_ahead()
+        if self.reading is not None:
+            self.reading.cancel()
+            await asyncio.wait({self.reading})
+            self.reading = None
+
     async def step(self, decision: Decision, remaining: int) -> tuple[int, ...]:
         """The next tokens, up to the end of generation: a plain chunk to measure the plain rate, a plain chunk
         after a lookup miss, or a round."""
         session, is_end = self.session, self.drafter.vocabulary.is_end_of_generation
-        if decision.measure_plain:
+        if decision.measure_plain or (decision.k == 0 and not self.drafter.looks_up):
+            self._switch(decision)
             return await self._plain(min(PLAIN_CHUNK, remaining))
+        reading_prompt = not self.prompt_read()
+        if reading_prompt and not self.drafter.looks_up:  # the target goes on while the draft reads the prompt
+            return await self._plain(min(START_CHUNK, remaining))
         # A round emits up to k + 1 tokens; the last round still drafts one so every token goes
         # through the sampler. Cutting a round's output short keeps it exact (each prefix follows
         # the target's distribution).
         cap = max(remaining - 1, 1)
-        started = time.perf_counter()
         plan = session.draft_plan(min(decision.k, cap), cap)
+        if reading_prompt:
+            plan = replace(plan, k=0)  # lookups only until the model has read the prompt
+        else:
+            await self.caught_up()  # the last plain chunk, read while the target decoded it or just after
+        started = time.perf_counter()
         ahead, self.ahead = self.ahead, None  # kept only after a hit
         draft = await ahead.draft() if ahead is not None else None
         if draft is not None:
@@ -120,11 +187,29 @@ class _Rounds:
         self.index += 1
         return emitted
 
+    def _switch(self, decision: Decision) -> None:
+        """Say once that the request continues by plain decoding (the draft reading along)."""
+        if not decision.measure_plain and not self.switched:
+            self.switched = True
+            self.session.publish(SwitchEvent(self.session.request_id, self.session.route, decision.reason))
+
     async def _plain(self, n: int, *, lookup_missed: bool = False, declined: tuple[int, ...] = ()) -> tuple[int, ...]:
-        """A chunk of up to n tokens decoded by the target, up to the end of generation."""
+        """A chunk of up to n tokens decoded by the target, up to the end of generation; the draft reads it."""
         tokens = await plain_chunk(self.session, self.target, self.context, n, lookup_missed=lookup_missed,
                                    declined=declined)
-        return _until_end(tuple(tokens), self.drafter.vocabulary.is_end_of_generation)
+        tokens = _until_end(tuple(tokens), self.drafter.vocabulary.is_end_of_generation)
+        if self.reads and tokens:
+            self._read(tokens)
+        return tokens
+
+
+async def _quietly(pending: Awaitable[T], what: str) -> T | None:
+    """A reading's result, or None after logging its failure: reading ahead saves time, the next draft reads itself."""
+    try:
+        return await pending
+    except Exception:
+        log.warning(f"{what} failed; the next draft reads it itself", exc_info=True)
+        return None
 
 
 async def _resolve(ahead: DraftAhead, draft: Draft, accepted: int, emitted: tuple[int, ...],

@@ -76,6 +76,7 @@ class Session:
     max_tv: float = 0.0  # bounded sampling: a round whose error bound exceeds this ends speculation
     lookup_k: int = 0  # the longest lookup draft (0: the round's K)
     pipeline: bool = False  # draft the next round ahead while a round is verified
+    warm_up: bool = False  # decode plainly while the draft model reads the prompt, instead of waiting for it
 
     def draft_plan(self, k: int, cap: int) -> DraftPlan:
         """A round's request to the drafter: k model tokens, lookup paths up to lookup_k (both within cap)."""

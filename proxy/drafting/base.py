@@ -6,7 +6,7 @@ and their locks stay private to the drafter that owns them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -85,6 +85,14 @@ class Drafter(Protocol):
 
     def occupancy(self) -> tuple[int, int] | None:
         """(sequences in use, sequences) for drafters that hold one per request; None otherwise."""
+        ...
+
+    def prefill(self, request_id: str, context: Sequence[int]) -> Awaitable[None] | None:
+        """Start reading context into the request's cache before its first draft (None: nothing to read)."""
+        ...
+
+    def read(self, request_id: str, context: Sequence[int], tokens: Sequence[int]) -> Awaitable[list[int]] | None:
+        """Start reading tokens the target wrote after context: the draft's greedy choice at each (None: no model)."""
         ...
 
     async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:

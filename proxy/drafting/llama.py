@@ -17,6 +17,7 @@ import numpy as np
 from proxy.drafting.base import Draft, DraftPlan
 from proxy.engine.batcher import StepBatcher
 from proxy.engine.llama import EngineOptions, LlamaEngine
+from proxy.engine.prefix import common_prefix_length
 from proxy.engine.runner import EngineRunner
 from proxy.engine.sequences import SequenceLeases
 from proxy.sampling.processors import processed_probs, truncate_to_top
@@ -63,11 +64,33 @@ class LlamaDrafter:
         """(sequences in use, sequences)."""
         return self._engine.n_seq - self._leases.free, self._engine.n_seq
 
+    def prefill(self, request_id: str, context: Sequence[int]) -> asyncio.Future[None] | None:
+        """Start evaluating the context in the request's sequence (None when the sequence holds it already)."""
+        held = self._engine.held(self._sequences[request_id])
+        if request_id not in self._copies and common_prefix_length(held, context) >= len(context) - 1:
+            return None
+        return asyncio.ensure_future(self._prefill(request_id, context))
+
+    async def _prefill(self, request_id: str, context: Sequence[int]) -> None:
+        await self._batcher.evaluate(await self._sequence(request_id), context, len(context) - 1)
+
+    def read(self, request_id: str, context: Sequence[int], tokens: Sequence[int]) -> asyncio.Future[list[int]]:
+        """Start evaluating tokens after context in the request's sequence; the greedy choice before each token."""
+        return asyncio.ensure_future(self._read(request_id, [*context, *tokens], len(context) - 1, len(tokens)))
+
+    async def _read(self, request_id: str, tokens: list[int], first_row: int, n: int) -> list[int]:
+        logits = (await self._batcher.evaluate(await self._sequence(request_id), tokens, first_row)).logits
+        return [int(token) for token in np.argmax(logits[:n], axis=-1)]
+
+    async def _sequence(self, request_id: str) -> int:
+        """The request's sequence, once the copy of its shared start (if any) is done."""
+        if (copy := self._copies.pop(request_id, None)) is not None:
+            await copy
+        return self._sequences[request_id]
+
     async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
         """Draft up to plan.k tokens after context (fewer if the draft ends generation)."""
-        seq = self._sequences[plan.request_id]
-        if (copy := self._copies.pop(plan.request_id, None)) is not None:
-            await copy
+        seq = await self._sequence(plan.request_id)
         context = list(context)
         tokens: list[int] = []
         rows: list[np.ndarray] = []

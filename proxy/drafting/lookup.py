@@ -8,7 +8,7 @@ rejection samples p with d removed — the same exact verification as model draf
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -50,6 +50,14 @@ class LookupDrafter:
 
     def occupancy(self) -> tuple[int, int] | None:
         """No sequences."""
+        return None
+
+    def prefill(self, request_id: str, context: Sequence[int]) -> Awaitable[None] | None:
+        """Lookup reads nothing ahead."""
+        return None
+
+    def read(self, request_id: str, context: Sequence[int], tokens: Sequence[int]) -> Awaitable[list[int]] | None:
+        """No model to read with."""
         return None
 
     async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
@@ -132,6 +140,14 @@ class HybridDrafter(SuffixDrafter):
     def occupancy(self) -> tuple[int, int] | None:
         """The model's sequences."""
         return self._tokenizer.occupancy()
+
+    def prefill(self, request_id: str, context: Sequence[int]) -> Awaitable[None] | None:
+        """The model reads the context."""
+        return self._tokenizer.prefill(request_id, context)
+
+    def read(self, request_id: str, context: Sequence[int], tokens: Sequence[int]) -> Awaitable[list[int]] | None:
+        """The model reads the tokens."""
+        return self._tokenizer.read(request_id, context, tokens)
 
     async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
         """Lookup first; the model when lookup finds nothing worth verifying (and the model's K is not 0)."""

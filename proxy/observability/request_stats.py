@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from proxy.decode.events import Event, PlainEvent, RoundEvent, SwitchEvent
+from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent, SwitchEvent
 
 
 @dataclass
@@ -27,6 +27,8 @@ class RequestStats:
     lookup_misses: int = 0  # plain chunks decoded because no lookup path was worth verifying
     ahead_started: int = 0  # rounds during whose verification the next round was drafted ahead
     ahead_hits: int = 0  # rounds whose draft was drafted ahead and used
+    read_tokens: int = 0  # plain tokens the draft read (greedy requests), and how many it would have drafted itself
+    read_agreed: int = 0
     by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [rounds, drafted, accepted]
     plain_rate: Callable[[], float | None] = lambda: None  # the route's measured plain tokens/s
 
@@ -38,6 +40,9 @@ class RequestStats:
             self.plain_tokens += len(event.tokens)
             self.plain_seconds += event.seconds
             self.lookup_misses += event.lookup_missed
+        elif isinstance(event, ReadEvent):
+            self.read_tokens += len(event.tokens)
+            self.read_agreed += sum(event.agreed)
         elif isinstance(event, SwitchEvent):
             self.switched_to_plain = True
 
@@ -87,6 +92,7 @@ class RequestStats:
                        for name, (r, d, a) in self.by_source.items()},
             "lookup_misses": self.lookup_misses, **self.speed(),
             "draft_ahead": {"started": self.ahead_started, "hits": self.ahead_hits},
+            "draft_read": {"tokens": self.read_tokens, "agreed": self.read_agreed},
             "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
             "alpha": round(alpha, 4) if alpha is not None else None,
             "tokens_per_round": round(tau, 3) if tau is not None else None,

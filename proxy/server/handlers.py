@@ -188,7 +188,8 @@ def _session(app: web.Application, runtime: RouteRuntime, parsed: GenerationRequ
                          *live.round_subscribers(app, request_id, runtime)])
     session = Session(request_id, runtime.name, prompt_ids, max_tokens, parsed.sampling_params, runtime.target.order,
                       spec.top_logprobs, policy, RequestRandom.from_seed(parsed.seed), publish, client_headers,
-                      spec.max_tv, control.pinned_k or runtime.route.draft.k_max, pipelined)
+                      spec.max_tv, control.pinned_k or runtime.route.draft.k_max, pipelined,
+                      warm_up=not (control.pinned_k or control.forced))
     return session, stats
 
 

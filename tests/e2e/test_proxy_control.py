@@ -6,7 +6,7 @@ draft go bad mid-request; the target is the real SmolLM2 verifier process.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any
 
 import aiohttp
@@ -54,6 +54,18 @@ class SwitchableDrafter:
 
     def fits(self, n_tokens: int) -> bool:
         return self.inner.fits(n_tokens)
+
+    def prefill(self, request_id: str, context: Sequence[int]) -> Awaitable[None] | None:
+        return self.inner.prefill(request_id, context)
+
+    def read(self, request_id: str, context: Sequence[int], tokens: Sequence[int]) -> Awaitable[list[int]] | None:
+        return self._read(self.inner.read(request_id, context, tokens))
+
+    async def _read(self, reading: Awaitable[list[int]]) -> list[int]:
+        """What it would have drafted: garbage too once it has gone bad."""
+        predicted = await reading
+        bad = self.bad_after_rounds is not None and self.rounds > self.bad_after_rounds
+        return [(t + 7919) % self.vocabulary.n_vocab for t in predicted] if bad else predicted
 
     def close(self) -> None:
         self.inner.close()

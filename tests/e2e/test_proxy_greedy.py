@@ -9,13 +9,15 @@ only if it is a near-tie of the target within the measured batch-vs-sequential d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import openai
 import pytest
 
+from proxy.decode.loop import START_CHUNK
 from tests import support as http
 from tests.e2e import greedy
-from tests.e2e.servers import Process
+from tests.e2e.servers import SMOL, Process, start_proxy, write_routes
 
 # Exactness is tested on speculative rounds: the controller must not route these requests around them.
 FORCE = {"X-Speculoos": "on"}
@@ -82,10 +84,11 @@ def prompt_ids(verifier: Process, case: Case) -> list[int]:
     return greedy.tokenize(verifier.url, {"prompt": case.text})
 
 
-def check_identity(proxy: Process, verifier: Process, max_tokens: int, tolerance: float) -> list[str]:
+def check_identity(proxy: Process, verifier: Process, max_tokens: int, tolerance: float,
+                   headers: dict[str, str] = FORCE) -> list[str]:
     """Run every case both ways; fail on any divergence that is not a near-tie. Returns the report lines."""
     through_proxy = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0,
-                                  default_headers=FORCE)
+                                  default_headers=headers)
     direct = openai.OpenAI(base_url=verifier.url + "/v1", api_key="unused", max_retries=0)
     report, failures = [], []
     for case in CASES:
@@ -130,6 +133,25 @@ def test_qwen_pair_matches_the_target(qwen_proxy: Process, qwen_verifier: Proces
                                                                              {"prompt": CALIBRATION_TEXT}))
     report = check_identity(qwen_proxy, qwen_verifier, max_tokens=48, tolerance=tolerance)
     assert sum("identical" in line for line in report) >= len(CASES) // 2
+
+
+def test_auto_mode_reads_along_with_the_target_and_matches_it(smol_verifier: Process, log_dir: Path,
+                                                            smol_tolerance: float) -> None:
+    """A fresh route in auto mode: the target decodes plainly while the draft reads the prompt, then the draft reads
+    what the target wrote and the controller decides; the text stays the target's."""
+    proxy = start_proxy(write_routes(log_dir / "smol-auto.yaml", smol_verifier.url, SMOL), log_dir)
+    try:
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+        raw = client.completions.with_raw_response.create(
+            model="test", prompt="def fibonacci(n):\n", max_tokens=48, temperature=0)
+        assert raw.headers["x-speculoos-mode"] == "speculative"  # a fresh route speculates to measure
+        extension = raw.parse().model_extra["speculoos"]
+        assert extension["plain_tokens"] >= START_CHUNK  # the target's first tokens, while the draft read the prompt
+        assert extension["draft_read"]["tokens"] >= START_CHUNK  # ... which the draft then read
+        assert 0 <= extension["draft_read"]["agreed"] <= extension["draft_read"]["tokens"]
+        check_identity(proxy, smol_verifier, max_tokens=32, tolerance=smol_tolerance, headers={})
+    finally:
+        proxy.stop()
 
 
 def test_speculative_mode_is_used_and_reported(smol_proxy: Process) -> None:

@@ -31,6 +31,12 @@ class _Stateless:
     def fits(self, n_tokens: int) -> bool:
         return True
 
+    def prefill(self, request_id: str, context: Sequence[int]) -> None:
+        return None
+
+    def read(self, request_id: str, context: Sequence[int], tokens: Sequence[int]) -> None:
+        return None
+
     def close(self) -> None:
         pass
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.control.costs import RouteCosts, expected_tokens, round_seconds, survival
-from proxy.decode.events import PlainEvent, RoundEvent
+from proxy.decode.events import PlainEvent, ReadEvent, RoundEvent
 
 
 @pytest.mark.parametrize(("alpha", "k", "expected"), [
@@ -108,3 +108,12 @@ def test_a_cached_context_or_too_little_spread_adds_nothing() -> None:
         narrow.record_round(4, 4, 0.1, 0.2 + context / 1000, context=500 + context % 3)
     assert flat.context_slope == 0.0 and narrow.context_slope == 0.0
     assert flat.verify_time(4, 5000) == pytest.approx(0.2)
+
+
+def test_a_read_chunk_teaches_the_route_as_one_round() -> None:
+    costs = RouteCosts(1.0, 4)  # weight 1: the estimates are the last observation
+    costs.observe(ReadEvent("r", "route", (1, 2, 3, 4), (1, 2, 0, 4)))  # the draft agreed: y y n y
+    # Starts 0..3: runs of 2, 1, 0, 1; position j is reached by 4 - j starts.
+    assert [e.value for e in costs.alpha_per_position] == [3 / 4, 1 / 3, 0.0, 0.0]
+    assert costs.alpha.value == pytest.approx((3 / 4 + 1 / 3) / 4)
+    assert costs.alpha.samples == 1

@@ -7,7 +7,7 @@ import pytest
 from proxy.config.schema import FallbackConfig
 from proxy.control.costs import RouteCosts
 from proxy.control.policy import MIN_ROUNDS_BEFORE_SWITCH, Decision, PinnedPolicy, RequestPolicy, choose_k
-from proxy.decode.events import PlainEvent
+from proxy.decode.events import PlainEvent, ReadEvent
 from tests.unit.control.test_costs import feed_rounds, round_event
 
 
@@ -131,3 +131,34 @@ def test_a_route_that_knows_its_plain_rate_or_a_forced_request_measures_nothing(
         for index in range(MIN_ROUNDS_BEFORE_SWITCH + 2):
             assert not policy.next_k().measure_plain
             policy.observe(round_event(index, 4, 4))
+
+
+def read_event(agreed: str) -> ReadEvent:
+    """A plain chunk the draft read: 'y' where its greedy choice was the target's token, 'n' where not."""
+    tokens = tuple(range(len(agreed)))
+    return ReadEvent("r", "route", tokens, tuple(t if a == "y" else t + 1 for t, a in zip(tokens, agreed)))
+
+
+def test_a_read_chunk_counts_as_the_rounds_the_draft_would_have_made_from_each_token() -> None:
+    costs, settings = route_with_low_alpha()
+    policy = RequestPolicy(costs, settings, 4, Decision(4, "start"))
+    policy.observe(read_event("yyny"))
+    # Starts 0..3 reach position 0; runs of agreement from each start are 2, 1, 0, 1.
+    assert policy._reached == [4, 3, 2, 1]
+    assert policy._survived == [3, 1, 0, 0]
+    assert (policy.drafted, policy.accepted, policy.reads) == (4, 3, 1)
+
+
+def test_reading_decides_without_a_round_and_can_bring_drafting_back() -> None:
+    """On a route where speculation pays at α = 1 and loses at α = 0, read chunks alone switch a request both ways."""
+    costs = RouteCosts(0.1, 4)
+    feed_rounds(costs, 4, 2, draft_s=0.0, verify_s=0.10)
+    costs.record_plain(tokens=100, seconds=100 * 0.05)  # 20 tok/s plain; 5 tokens a 0.1 s round would be 50
+    settings = FallbackConfig(k_min=4, k_max=4, min_acceptance=0.3)
+    policy = RequestPolicy(costs, settings, 4, Decision(4, "start"))
+    for _ in range(MIN_ROUNDS_BEFORE_SWITCH):
+        policy.observe(read_event("nnnnnnnn"))
+    assert policy.next_k().k == 0 and policy.rounds == 0
+    for _ in range(6):
+        policy.observe(read_event("yyyyyyyy"))
+    assert policy.next_k().k == 4

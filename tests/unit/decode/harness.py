@@ -86,12 +86,13 @@ class SwitchAfter(PinnedPolicy):
 
 async def run(served: Served, drafter: Drafter, max_tokens: int, *, k: int = 4, policy=None,
               params: SamplingParams = GREEDY, seed: int | None = 1, lookup_k: int = 0,
-              pipeline: bool = False, target: Target | None = None) -> tuple[list[list[int]], list[Event]]:
+              pipeline: bool = False, warm_up: bool = False,
+              target: Target | None = None) -> tuple[list[list[int]], list[Event]]:
     events: list[Event] = []
     policy = policy or PinnedPolicy(k)
     session = Session("req", "route", PROMPT, max_tokens, params, served.target.order, TOP_N, policy,
                       RequestRandom.from_seed(seed), Publisher([policy.observe, events.append]), lookup_k=lookup_k,
-                      pipeline=pipeline)
+                      pipeline=pipeline, warm_up=warm_up)
     batches = [batch async for batch in speculative_tokens(session, drafter, target or served.target)]
     return batches, events
 

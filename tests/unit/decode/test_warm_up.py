@@ -1,0 +1,143 @@
+"""Warming up: while the draft model reads the prompt, the target decodes plainly; drafting starts once it has read it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from proxy.control.costs import RouteCosts
+from proxy.control.policy import Decision, PinnedPolicy
+from proxy.decode.events import PlainEvent, ReadEvent, SwitchEvent
+from proxy.decode.loop import START_CHUNK
+from proxy.decode.plain import PLAIN_CHUNK
+from proxy.sampling.processors import SamplingParams
+from tests.fakes.drafter import ScriptedDrafter
+from tests.fakes.toy_model import ToyModel
+from tests.unit.decode.harness import PROMPT, Served, follow, rounds, run
+
+
+class SlowReader(ScriptedDrafter):
+    """Follows the target; reading the prompt ends only when the test says (or when cancelled)."""
+
+    def __init__(self, model: ToyModel, *, looks_up: bool = False) -> None:
+        super().__init__(follow(model).script)
+        self.model, self.looks_up = model, looks_up
+        self.done_reading = asyncio.Event()
+        self.reading: asyncio.Future[None] | None = None
+        self.chunks_read: list[int] = []  # each read chunk's context length
+
+    def prefill(self, request_id: str, context: Sequence[int]) -> asyncio.Future[None]:
+        self.reading = asyncio.ensure_future(self.done_reading.wait())
+        return self.reading
+
+    async def _predict(self, context: Sequence[int], tokens: Sequence[int]) -> list[int]:
+        self.chunks_read.append(len(context))
+        return [self.model.greedy([*context, *tokens[:i]], 1)[0] for i in range(len(tokens))]
+
+    def read(self, request_id: str, context: Sequence[int], tokens: Sequence[int]) -> asyncio.Future[list[int]]:
+        return asyncio.ensure_future(self._predict(context, tokens))
+
+
+class ReadAfter(PinnedPolicy):
+    """Pinned k; lets the drafter finish reading the prompt once the target has decoded `chunks` plain chunks."""
+
+    def __init__(self, k: int, drafter: SlowReader, chunks: int) -> None:
+        super().__init__(k)
+        self.drafter, self.chunks = drafter, chunks
+
+    def observe(self, event) -> None:
+        self.chunks -= isinstance(event, PlainEvent)
+        if self.chunks == 0:
+            self.drafter.done_reading.set()
+
+
+def plain_events(events) -> list[PlainEvent]:
+    return [e for e in events if isinstance(e, PlainEvent)]
+
+
+async def test_the_target_decodes_plainly_until_the_draft_has_read_the_prompt(served: Served) -> None:
+    drafter = SlowReader(served.model)
+    batches, events = await run(served, drafter, 30, policy=ReadAfter(4, drafter, chunks=2), warm_up=True)
+    assert sum(batches, []) == served.model.greedy(PROMPT, 30)
+    chunks = plain_events(events)  # the reading ends as the second chunk comes back: the loop may start a third
+    assert len(chunks) in (2, 3) and [len(b) for b in batches[:len(chunks)]] == [START_CHUNK] * len(chunks)
+    assert [e.prefill for e in chunks] == [True] + [False] * (len(chunks) - 1)
+    # The draft reads the chunks, in order, then drafts after them; a greedy draft's reading says what it would
+    # have drafted before each token (here: the target's own choice).
+    assert drafter.chunks_read == [len(PROMPT) + START_CHUNK * i for i in range(len(chunks))]
+    reads = [e for e in events if isinstance(e, ReadEvent)]
+    assert [e.tokens for e in reads] == [e.tokens for e in chunks] and all(all(e.agreed) for e in reads)
+    assert drafter.calls[0] == (len(PROMPT) + START_CHUNK * len(chunks), 4)
+    assert len(rounds(events)) >= 2 and all(e.accepted == 4 for e in rounds(events)[:-1])
+
+
+async def test_a_sampled_requests_reading_says_nothing_of_its_drafts(served: Served) -> None:
+    drafter = SlowReader(served.model)
+    _, events = await run(served, drafter, 30, policy=ReadAfter(4, drafter, chunks=2), warm_up=True,
+                          params=SamplingParams(temperature=1.0))
+    assert drafter.chunks_read and not any(isinstance(e, ReadEvent) for e in events)
+
+
+async def test_without_warm_up_the_first_round_waits_for_the_draft(served: Served) -> None:
+    drafter = SlowReader(served.model)
+    batches, events = await run(served, drafter, 12, k=4)
+    assert drafter.reading is None and not plain_events(events)  # the loop never asked the drafter to read
+    assert sum(batches, []) == served.model.greedy(PROMPT, 12)
+
+
+async def test_a_lookup_drafter_verifies_lookups_while_its_model_reads(served: Served) -> None:
+    drafter = SlowReader(served.model, looks_up=True)
+    batches, events = await run(served, drafter, 12, k=4, lookup_k=4, warm_up=True)
+    assert sum(batches, []) == served.model.greedy(PROMPT, 12)
+    assert drafter.calls and all(k == 0 for _, k in drafter.calls)  # the model is never asked for tokens
+    assert rounds(events) and not plain_events(events)
+    assert drafter.reading is not None and drafter.reading.cancelled()  # stopped at the end of the request
+
+
+async def test_a_client_gone_while_the_draft_reads_stops_the_reading(served: Served) -> None:
+    drafter = SlowReader(served.model)
+    task = asyncio.ensure_future(run(served, drafter, 200, k=4, warm_up=True))
+    while len(served.bodies(scoring=False)) < 1:
+        await asyncio.sleep(0.001)
+    task.cancel()
+    await asyncio.wait({task})
+    assert drafter.reading is not None and drafter.reading.cancelled()
+
+
+def test_a_chunk_that_paid_the_prompts_prefill_does_not_measure_the_plain_rate() -> None:
+    costs = RouteCosts(0.5, 4)
+    costs.observe(PlainEvent("r", "route", (1, 2, 3, 4), seconds=4.0, prefill=True))
+    assert costs.plain_rate is None
+    costs.observe(PlainEvent("r", "route", (1, 2, 3, 4), seconds=0.4))
+    assert costs.plain_rate == 10.0
+
+
+class PlainThenDraft(PinnedPolicy):
+    """Says K = 0 for the first `plain` decisions, then drafts k."""
+
+    def __init__(self, k: int, plain: int) -> None:
+        super().__init__(k)
+        self.k, self.plain = k, plain
+
+    def next_k(self) -> Decision:
+        self.plain -= 1
+        return Decision(0 if self.plain >= 0 else self.k, "scripted")
+
+
+async def test_a_greedy_request_that_reads_along_goes_back_to_drafting(served: Served) -> None:
+    drafter = SlowReader(served.model)
+    drafter.done_reading.set()
+    batches, events = await run(served, drafter, 40, policy=PlainThenDraft(4, plain=2), warm_up=True)
+    assert sum(batches, []) == served.model.greedy(PROMPT, 40)
+    assert [len(b) for b in batches[:2]] == [PLAIN_CHUNK, PLAIN_CHUNK]
+    assert len([e for e in events if isinstance(e, SwitchEvent)]) == 1
+    assert drafter.chunks_read == [len(PROMPT), len(PROMPT) + PLAIN_CHUNK]
+    assert rounds(events) and drafter.calls[0] == (len(PROMPT) + 2 * PLAIN_CHUNK, 4)
+
+
+async def test_a_sampled_request_switches_for_good(served: Served) -> None:
+    drafter = SlowReader(served.model)
+    drafter.done_reading.set()
+    _, events = await run(served, drafter, 40, policy=PlainThenDraft(4, plain=1), warm_up=True,
+                          params=SamplingParams(temperature=1.0))
+    assert not rounds(events) and not drafter.calls and not drafter.chunks_read
