@@ -3,12 +3,12 @@
 
 Usage: scripts/bench_first_request.py [--target qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b]
        [--workloads code_completion,code_editing,extraction,open_chat,creative] [--max-tokens 128]
-       [--kind hybrid] [--rtt-ms 10] [--verifier-cores 0] [--proxy-cores 1] [--out out/first_request]
+       [--kind hybrid] [--rtt-ms 10] [--verifier-cores 0] [--proxy-cores 1] [--repeat 1] [--out out/first_request]
 For each workload, starts a fresh verifier and a fresh proxy (nothing measured yet), sends the
 workload's first prompt through the proxy in auto mode; then, on another fresh stack, the same
 request straight to the verifier (through the relay too). Neither finds the prompt cached on the
-verifier, as a user's first request would not. Prints each workload's tokens/s both ways and
-their ratio. With --verifier-cores and
+verifier, as a user's first request would not. With --repeat N, does that N times per workload.
+Prints each workload's median tokens/s both ways and the median of the paired ratios. With --verifier-cores and
 --proxy-cores overlapping (e.g. both 0,1), the regime is shared cores.
 """
 
@@ -20,6 +20,7 @@ import time
 import urllib.request
 from contextlib import AbstractContextManager
 from pathlib import Path
+from statistics import median
 
 from proxy.bench.local import LocalStack, cores_argument, local_stack
 from proxy.bench.rtt_sweep import regime
@@ -54,28 +55,36 @@ def main() -> None:
     parser.add_argument("--rtt-ms", type=float, default=10.0)
     parser.add_argument("--verifier-cores", type=cores_argument, default={0})
     parser.add_argument("--proxy-cores", type=cores_argument, default={1})
+    parser.add_argument("--repeat", type=int, default=1, help="fresh pairs per workload (medians are reported)")
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "first_request")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = args.kind or "local"
     print(f"regime: {regime(args.verifier_cores, args.proxy_cores, [args.rtt_ms])}; draft: {args.kind or 'model'}")
-    print("| workload | proxy tok/s (first request, fresh route) | direct tok/s | ÷ direct | α | τ | mode |")
+    print("| workload | proxy tok/s (first request, fresh route) | direct tok/s | ÷ direct (each pair) | α | τ | mode |")
     print("|---|---|---|---|---|---|---|")
     results = []
     for name in args.workloads.split(","):
         prompt = load(name).prompts[0]
         path = prompt.path
         body = {k: v for k, v in prompt.body(model, args.max_tokens).items() if k not in ("stream", "stream_options")}
-        with fresh_stack(args) as stack:
-            proxied, reply = timed(stack.proxy_url + path, body)
-        with fresh_stack(args) as stack:
-            direct, _ = timed(stack.direct_url + path, body)
-        extension = reply.get("speculoos") or {}
-        results.append({"workload": name, "proxy": proxied, "direct": direct, "speculoos": extension})
-        alpha, tau = extension.get("alpha"), extension.get("tokens_per_round")
-        print(f"| {name} | {proxied:.2f} | {direct:.2f} | {proxied / direct:.2f}× | "
-              f"{'–' if alpha is None else f'{alpha:.2f}'} | {'–' if tau is None else f'{tau:.2f}'} "
-              f"| {extension.get('mode', 'passthrough')} |", flush=True)
+        pairs = []
+        for _ in range(args.repeat):
+            with fresh_stack(args) as stack:
+                proxied, reply = timed(stack.proxy_url + path, body)
+            with fresh_stack(args) as stack:
+                direct, _ = timed(stack.direct_url + path, body)
+            extension = reply.get("speculoos") or {}
+            pairs.append({"proxy": proxied, "direct": direct, "speculoos": extension})
+        results.append({"workload": name, "pairs": pairs})
+        ratios = [p["proxy"] / p["direct"] for p in pairs]
+        alphas = [a for p in pairs if (a := p["speculoos"].get("alpha")) is not None]
+        taus = [t for p in pairs if (t := p["speculoos"].get("tokens_per_round")) is not None]
+        modes = sorted({p["speculoos"].get("mode", "passthrough") for p in pairs})
+        print(f"| {name} | {median(p['proxy'] for p in pairs):.2f} | {median(p['direct'] for p in pairs):.2f} "
+              f"| {median(ratios):.2f}× ({', '.join(f'{r:.2f}' for r in ratios)}) "
+              f"| {f'{median(alphas):.2f}' if alphas else '–'} | {f'{median(taus):.2f}' if taus else '–'} "
+              f"| {', '.join(modes)} |", flush=True)
     (args.out / "first_request.json").write_text(json.dumps(results, indent=1) + "\n")
 
 

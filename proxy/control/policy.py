@@ -24,6 +24,9 @@ from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent
 PASSTHROUGH_K = 0
 PRIOR_ROUNDS = 2  # the route's survival curve counts as this many of a request's own rounds
 MIN_ROUNDS_BEFORE_SWITCH = 2  # a request (a probe especially) measures a few rounds before it may switch
+# A request that switched to plain decoding goes back to drafting only on a clear gain: it goes back
+# when its text turned predictable, and the stretch after such a turn is less so (regression to the mean).
+RESUME_MARGIN = 0.2
 NOT_MEASURED = "not measured yet: speculating with the configured k"
 
 
@@ -40,7 +43,7 @@ class Decision:
 
 def choose_k(costs: RouteCosts, settings: FallbackConfig, configured_k: int, *, alpha: float | None,
              alpha_rounds: int, speculating: bool, pipelined: bool | None = None, context: int | None = None,
-             curve: Sequence[float] | None = None) -> Decision:
+             curve: Sequence[float] | None = None, resume_margin: float | None = None) -> Decision:
     """The K that maximises predicted tokens/s, or 0 when plain decoding is faster.
 
     Acceptance is the survival curve when given (P(the first j drafts all accepted)), else α per position.
@@ -57,7 +60,7 @@ def choose_k(costs: RouteCosts, settings: FallbackConfig, configured_k: int, *, 
     best_k = max(known, key=lambda k: known[k])
     if plain is None:
         return Decision(best_k, "passthrough rate not measured yet", known[best_k])
-    margin = (1.0 - settings.hysteresis) if speculating else (1.0 + settings.hysteresis)
+    margin = (1.0 - settings.hysteresis) if speculating else 1.0 + (resume_margin or settings.hysteresis)
     if known[best_k] < plain * margin:
         return Decision(PASSTHROUGH_K, f"speculation predicted {known[best_k]:.1f} tok/s at k={best_k}"
                         f" vs {plain:.1f} tok/s plain", plain, plain)
@@ -173,6 +176,7 @@ class RequestPolicy:
         rounds = evidence if self.drafted else self._costs.alpha.samples
         self.current = choose_k(self._costs, self._settings, self._configured_k, alpha=alpha, alpha_rounds=rounds,
                                 speculating=self.current.k > 0, pipelined=self._pipelined, context=self.context,
+                                resume_margin=max(RESUME_MARGIN, self._settings.hysteresis),
                                 curve=self.survival())
         if self.current.k == PASSTHROUGH_K and self._forced:
             return Decision(1, f"speculation forced by the client ({self.current.reason})")

@@ -162,3 +162,13 @@ def test_reading_decides_without_a_round_and_can_bring_drafting_back() -> None:
     for _ in range(6):
         policy.observe(read_event("yyyyyyyy"))
     assert policy.next_k().k == 4
+
+
+def test_going_back_to_drafting_needs_a_clear_gain() -> None:
+    costs = RouteCosts(0.1, 4)
+    feed_rounds(costs, 4, 4, draft_s=0.0, verify_s=5 / 10.0)  # 10 tok/s speculative
+    costs.record_plain(tokens=10, seconds=10 / 9.0)  # 9 tok/s plain: speculation 11 % ahead
+    settings = FallbackConfig(k_min=4, k_max=4, hysteresis=0.05)
+    assert choose_k(costs, settings, 4, alpha=1.0, alpha_rounds=9, speculating=False).k == 4
+    assert choose_k(costs, settings, 4, alpha=1.0, alpha_rounds=9, speculating=False, resume_margin=0.2).k == 0
+    assert choose_k(costs, settings, 4, alpha=1.0, alpha_rounds=9, speculating=True, resume_margin=0.2).k == 4
