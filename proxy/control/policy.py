@@ -28,6 +28,7 @@ MIN_ROUNDS_BEFORE_SWITCH = 2  # a request (a probe especially) measures a few ro
 # when its text turned predictable, and the stretch after such a turn is less so (regression to the mean).
 RESUME_MARGIN = 0.2
 NOT_MEASURED = "not measured yet: speculating with the configured k"
+READING = "reading the target's first tokens before the first round"
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class Decision:
     predicted_rate: float | None = None  # tokens/s expected for the chosen mode
     plain_rate: float | None = None
     measure_plain: bool = False  # k = 0 for one plain chunk only, to measure the plain rate; then decide again
+    reading: bool = False  # k = 0 while the draft reads the target's first chunks, before any decision
 
 
 def choose_k(costs: RouteCosts, settings: FallbackConfig, configured_k: int, *, alpha: float | None,
@@ -94,8 +96,10 @@ class RequestPolicy:
     """One request's K each round, from its own acceptance so far and the route's costs."""
 
     def __init__(self, costs: RouteCosts, settings: FallbackConfig, configured_k: int, start: Decision,
-                 *, forced: bool = False, explore: bool = True, pipelined: bool | None = None) -> None:
+                 *, forced: bool = False, explore: bool = True, pipelined: bool | None = None,
+                 reads_along: bool = False) -> None:
         self._costs, self._settings, self._configured_k = costs, settings, configured_k
+        self._reads_along = reads_along  # the draft reads what the target writes, which counts as rounds
         self._pipelined = pipelined  # whether this request drafts ahead (None: as the route does)
         self._measured_plain = False  # this request has decoded a plain chunk (which measures the plain rate)
         self._forced = forced  # the client asked to speculate: never switch to plain decoding
@@ -166,6 +170,10 @@ class RequestPolicy:
         """K for the next round; 0 to continue by plain decoding."""
         evidence = self._evidence()
         if evidence < MIN_ROUNDS_BEFORE_SWITCH:
+            if self._reads_along and not (self.current.k > 0 and self.current.plain_rate is not None):
+                # Unless the route has found that speculation beats plain decoding, reading the
+                # target's first chunks tells as much as exploring rounds would, at no risk.
+                return Decision(PASSTHROUGH_K, READING, reading=True)
             # A probe starts from a route in passthrough (k = 0): it explores at the configured k.
             return Decision(self.current.k or (self._configured_k if self._explore else 0), self.current.reason)
         if self._costs.plain_rate is None and not self._measured_plain and not self._forced:

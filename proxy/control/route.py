@@ -54,7 +54,7 @@ class RouteController:
                                 curve=self.costs.survival(self.settings.k_max))
         return self.current
 
-    def policy(self, *, forced: bool = False, pipelined: bool | None = None) -> RequestPolicy:
+    def policy(self, *, forced: bool = False, pipelined: bool | None = None, reads_along: bool = False) -> RequestPolicy:
         """A new request's policy, starting from the route's decision.
 
         On a route that looks up, every request speculates, so the model draft, once the route has
@@ -62,7 +62,7 @@ class RouteController:
         """
         explore = not self.looks_up or self.current.k > 0 or forced or self._probe_due()
         return RequestPolicy(self.costs, self.settings, self.configured_k, self.current, forced=forced,
-                             explore=explore, pipelined=pipelined)
+                             explore=explore, pipelined=pipelined, reads_along=reads_along)
 
     def start_request(self) -> tuple[bool, str]:
         """Whether a new request should speculate, and why."""

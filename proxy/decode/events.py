@@ -16,7 +16,7 @@ class RoundEvent:
 
     request_id: str
     route: str
-    index: int  # 0 for a generation's first round, which also pays the prompt's prefill on both sides
+    index: int  # 0 for a generation's first round
     k: int  # the most asked of the drafter: the model's K, or the longest lookup path allowed
     drafted: tuple[int, ...]  # the tokens the drafter proposed (possibly fewer than k)
     accepted: int  # how many of them the target accepted
@@ -33,11 +33,12 @@ class RoundEvent:
     ahead_seconds_per_token: float | None = None
     ahead_hit: bool | None = None  # the next round was drafted ahead during this one: used (True) or dropped
     context: int = 0  # tokens before the draft (the target evaluates them again unless it caches them)
+    prefill: bool | None = None  # the round paid the prompt's prefill (None: a first round does)
 
     @property
     def warm(self) -> bool:
-        """Whether the round's costs are free of prefill (every round but the first)."""
-        return self.index > 0
+        """Whether the round's costs are free of prefill (every round but a first one that opened the request)."""
+        return not self.prefill if self.prefill is not None else self.index > 0
 
 
 @dataclass(frozen=True)

@@ -183,13 +183,13 @@ class _Rounds:
             session.request_id, session.route, self.index, asked, followed, accepted, emitted, drafted_at - started,
             time.perf_counter() - drafted_at, tv_bound, draft.source, 1 + len(draft.alternatives), draft.declined,
             drafted_ahead=ahead is not None, ahead_seconds_per_token=ahead.seconds_per_token if ahead else None,
-            ahead_hit=hit, context=len(self.context)))
+            ahead_hit=hit, context=len(self.context), prefill=len(self.context) == len(session.prompt_ids)))
         self.index += 1
         return emitted
 
     def _switch(self, decision: Decision) -> None:
         """Say once that the request continues by plain decoding (the draft reading along)."""
-        if not decision.measure_plain and not self.switched:
+        if not (decision.measure_plain or decision.reading or self.switched):
             self.switched = True
             self.session.publish(SwitchEvent(self.session.request_id, self.session.route, decision.reason))
 

@@ -181,15 +181,17 @@ def _session(app: web.Application, runtime: RouteRuntime, parsed: GenerationRequ
     controller, spec = runtime.controller, runtime.route.speculation
     stats = RequestStats(plain_rate=lambda: controller.costs.plain_rate)
     pipelined = spec.pipeline if control.pipeline is None else control.pipeline
+    warm_up = not (control.pinned_k or control.forced)
     policy = (PinnedPolicy(control.pinned_k) if control.pinned_k
-              else controller.policy(forced=control.forced, pipelined=pipelined))
+              else controller.policy(forced=control.forced, pipelined=pipelined,
+                                     reads_along=warm_up and parsed.sampling_params.greedy))
     publish = Publisher([policy.observe, stats, controller.observe,
                          RouteMetrics(app[METRICS], runtime.name, controller), SwitchLog(log),
                          *live.round_subscribers(app, request_id, runtime)])
     session = Session(request_id, runtime.name, prompt_ids, max_tokens, parsed.sampling_params, runtime.target.order,
                       spec.top_logprobs, policy, RequestRandom.from_seed(parsed.seed), publish, client_headers,
                       spec.max_tv, control.pinned_k or runtime.route.draft.k_max, pipelined,
-                      warm_up=not (control.pinned_k or control.forced))
+                      warm_up=warm_up)
     return session, stats
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from proxy.control.costs import RouteCosts, expected_tokens, round_seconds, survival
@@ -50,6 +52,12 @@ def test_events_feed_the_measurements_and_the_first_round_pays_no_costs() -> Non
     assert costs.plain_rate is None
     costs.observe(PlainEvent("r", "route", (1, 2, 3, 4, 5, 6, 7, 8), 0.4))
     assert costs.plain_rate == pytest.approx(20.0)
+
+
+def test_a_first_round_after_plain_chunks_pays_no_prefill_and_measures_the_costs() -> None:
+    costs = RouteCosts(0.5, 8)
+    costs.observe(replace(round_event(0, 4, 2), prefill=False))
+    assert costs.draft_per_token.value == pytest.approx(0.01) and costs.verify_time(4) == pytest.approx(0.2)
 
 
 def test_speculative_rate_uses_the_given_alpha_or_the_routes_survival() -> None:

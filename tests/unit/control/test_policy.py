@@ -172,3 +172,18 @@ def test_going_back_to_drafting_needs_a_clear_gain() -> None:
     assert choose_k(costs, settings, 4, alpha=1.0, alpha_rounds=9, speculating=False).k == 4
     assert choose_k(costs, settings, 4, alpha=1.0, alpha_rounds=9, speculating=False, resume_margin=0.2).k == 0
     assert choose_k(costs, settings, 4, alpha=1.0, alpha_rounds=9, speculating=True, resume_margin=0.2).k == 4
+
+
+def test_a_request_that_reads_along_reads_before_its_first_round_unless_the_route_found_speculation_pays() -> None:
+    costs, settings = route_with_low_alpha()
+    fresh = RequestPolicy(RouteCosts(0.1, 4), settings, 4, Decision(4, "not measured"), reads_along=True)
+    probe = RequestPolicy(costs, settings, 4, choose(costs, settings), reads_along=True)
+    for policy in (fresh, probe):
+        for _ in range(MIN_ROUNDS_BEFORE_SWITCH):
+            decision = policy.next_k()
+            assert decision.k == 0 and decision.reading and not decision.measure_plain
+            policy.observe(read_event("yyyyyyyy"))
+        assert not policy.next_k().reading
+    paying = Decision(4, "k=4 predicted 30 tok/s vs 20 plain", 30.0, 20.0)
+    assert RequestPolicy(costs, settings, 4, paying, reads_along=True).next_k().k == 4
+    assert RequestPolicy(RouteCosts(0.1, 4), settings, 4, Decision(4, "not measured")).next_k().k == 4

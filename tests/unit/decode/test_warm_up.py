@@ -6,7 +6,8 @@ import asyncio
 from collections.abc import Sequence
 
 from proxy.control.costs import RouteCosts
-from proxy.control.policy import Decision, PinnedPolicy
+from proxy.config.schema import FallbackConfig
+from proxy.control.policy import Decision, PinnedPolicy, RequestPolicy
 from proxy.decode.events import PlainEvent, ReadEvent, SwitchEvent
 from proxy.decode.loop import START_CHUNK
 from proxy.decode.plain import PLAIN_CHUNK
@@ -141,3 +142,16 @@ async def test_a_sampled_request_switches_for_good(served: Served) -> None:
     _, events = await run(served, drafter, 40, policy=PlainThenDraft(4, plain=1), warm_up=True,
                           params=SamplingParams(temperature=1.0))
     assert not rounds(events) and not drafter.calls and not drafter.chunks_read
+
+
+async def test_on_a_fresh_route_a_greedy_request_reads_two_chunks_before_its_first_round(served: Served) -> None:
+    drafter = SlowReader(served.model)
+    drafter.done_reading.set()
+    policy = RequestPolicy(RouteCosts(0.1, 4), FallbackConfig(k_min=4, k_max=4), 4, Decision(4, "not measured"),
+                           reads_along=True)
+    batches, events = await run(served, drafter, 40, policy=policy, warm_up=True)
+    assert sum(batches, []) == served.model.greedy(PROMPT, 40)
+    # Each chunk is read while the target decodes the next, so the decision may see one chunk fewer.
+    chunks = len(plain_events(events[: events.index(rounds(events)[0])]))
+    assert chunks in (2, 3) and drafter.calls[0][0] == len(PROMPT) + chunks * PLAIN_CHUNK
+    assert not [e for e in events if isinstance(e, SwitchEvent)]  # reading first is no switch
