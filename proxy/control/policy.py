@@ -14,7 +14,7 @@ measured for free while the target decoded.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from proxy.config.schema import FallbackConfig
 from proxy.control.costs import RouteCosts, read_windows, survival
@@ -166,6 +166,14 @@ class RequestPolicy:
                for survived, reached, prior in zip(self._survived, self._reached, route, strict=True)]
         return survival(route[-1], own, self._settings.k_max)
 
+    def _hopeless(self) -> Decision | None:
+        """Plain decoding when even accepting every draft would be slower at the measured costs, else None."""
+        if self._costs.plain_rate is None:
+            return None
+        best = choose_k(self._costs, self._settings, self._configured_k, alpha=1.0, alpha_rounds=0, speculating=True,
+                        pipelined=self._pipelined, context=self.context, curve=[1.0] * self._settings.k_max)
+        return replace(best, reason=f"even accepting every draft, {best.reason}") if best.k == PASSTHROUGH_K else None
+
     def next_k(self) -> Decision:
         """K for the next round; 0 to continue by plain decoding."""
         evidence = self._evidence()
@@ -174,6 +182,8 @@ class RequestPolicy:
                 # Unless the route has found that speculation beats plain decoding, reading the
                 # target's first chunks tells as much as exploring rounds would, at no risk.
                 return Decision(PASSTHROUGH_K, READING, reading=True)
+            if self.rounds and not self._forced and (hopeless := self._hopeless()) is not None:
+                return hopeless  # one round measured the costs: exploring acceptance cannot change the answer
             # A probe starts from a route in passthrough (k = 0): it explores at the configured k.
             return Decision(self.current.k or (self._configured_k if self._explore else 0), self.current.reason)
         if self._costs.plain_rate is None and not self._measured_plain and not self._forced:

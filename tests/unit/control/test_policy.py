@@ -187,3 +187,19 @@ def test_a_request_that_reads_along_reads_before_its_first_round_unless_the_rout
     paying = Decision(4, "k=4 predicted 30 tok/s vs 20 plain", 30.0, 20.0)
     assert RequestPolicy(costs, settings, 4, paying, reads_along=True).next_k().k == 4
     assert RequestPolicy(RouteCosts(0.1, 4), settings, 4, Decision(4, "not measured")).next_k().k == 4
+
+
+def test_a_request_stops_exploring_once_even_accepting_every_draft_could_not_beat_plain_decoding() -> None:
+    """One round measures the costs; where five tokens per round would still lose, a second round is waste."""
+    settings = FallbackConfig(k_min=1, k_max=8)
+    for verify_s, after in ((0.30, 0), (0.05, 4)):  # 5 tokens per 0.44 s against 20 tok/s plain; the control pays
+        costs = RouteCosts(0.1, 8)
+        costs.record_plain(tokens=100, seconds=100 * 0.05)
+        policy = RequestPolicy(costs, settings, 4, Decision(4, "start"))
+        assert policy.next_k().k == 4
+        event = round_event(1, 4, 4, draft_s=4 * 0.035, verify_s=verify_s)  # every draft accepted
+        costs.observe(event)
+        policy.observe(event)
+        decision = policy.next_k()
+        assert decision.k == after
+        assert ("even accepting every draft" in decision.reason) == (after == 0)
