@@ -177,6 +177,10 @@ class RequestPolicy:
     def next_k(self) -> Decision:
         """K for the next round; 0 to continue by plain decoding."""
         evidence = self._evidence()
+        if self._costs.plain_rate is None and not self._measured_plain and not self._forced:
+            # A fresh route does not know what speculation competes with: a plain chunk after the
+            # prefill measures that before the first round, so one round can tell whether any could pay.
+            return Decision(PASSTHROUGH_K, "measuring the plain rate before deciding", measure_plain=True)
         if evidence < MIN_ROUNDS_BEFORE_SWITCH:
             if self._reads_along and not (self.current.k > 0 and self.current.plain_rate is not None):
                 # Unless the route has found that speculation beats plain decoding, reading the
@@ -186,10 +190,6 @@ class RequestPolicy:
                 return hopeless  # one round measured the costs: exploring acceptance cannot change the answer
             # A probe starts from a route in passthrough (k = 0): it explores at the configured k.
             return Decision(self.current.k or (self._configured_k if self._explore else 0), self.current.reason)
-        if self._costs.plain_rate is None and not self._measured_plain and not self._forced:
-            # A fresh route knows what speculation costs but not what it competes with: one plain
-            # chunk measures that (with the prefix cached on the target by now) before committing.
-            return Decision(PASSTHROUGH_K, "measuring the plain rate before deciding", measure_plain=True)
         alpha = self.accepted / self.drafted if self.drafted else self._costs.alpha.value
         rounds = evidence if self.drafted else self._costs.alpha.samples
         self.current = choose_k(self._costs, self._settings, self._configured_k, alpha=alpha, alpha_rounds=rounds,

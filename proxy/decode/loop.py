@@ -140,10 +140,10 @@ class _Rounds:
         """The next tokens, up to the end of generation: a plain chunk to measure the plain rate, a plain chunk
         after a lookup miss, or a round."""
         session, is_end = self.session, self.drafter.vocabulary.is_end_of_generation
-        if decision.measure_plain or (decision.k == 0 and not self.drafter.looks_up):
-            self._switch(decision)
-            return await self._plain(min(PLAIN_CHUNK, remaining))
         reading_prompt = not self.prompt_read()
+        if decision.k == 0 and (decision.measure_plain or not self.drafter.looks_up):
+            self._switch(decision)
+            return await self._plain(min(START_CHUNK if reading_prompt else PLAIN_CHUNK, remaining))
         if reading_prompt and not self.drafter.looks_up:  # the target goes on while the draft reads the prompt
             return await self._plain(min(START_CHUNK, remaining))
         # A round emits up to k + 1 tokens; the last round still drafts one so every token goes

@@ -105,22 +105,25 @@ def test_a_request_never_writes_the_routes_measurements_or_decision() -> None:
     assert (costs.alpha.value, costs.alpha.samples) == before
 
 
-def test_a_fresh_route_measures_the_plain_rate_once_before_committing() -> None:
+def test_a_fresh_route_measures_the_plain_rate_once_before_its_first_round() -> None:
     costs, settings = RouteCosts(0.1, 8), FallbackConfig()
     policy = RequestPolicy(costs, settings, 4, Decision(4, "not measured yet"))
-    for index in range(MIN_ROUNDS_BEFORE_SWITCH):
-        assert policy.next_k().k == 4
-        event = round_event(index, 4, 2, draft_s=0.2, verify_s=0.5)
-        costs.observe(event)
-        policy.observe(event)
     measure = policy.next_k()
     assert (measure.k, measure.measure_plain) == (0, True)
     assert policy.next_k() == measure  # asking again (to draft ahead, say) does not use it up
-    chunk = PlainEvent("r", "route", tuple(range(8)), 8 * 0.1)  # 10 tok/s plain against about 4 speculating
+    prefill = PlainEvent("r", "route", tuple(range(4)), 4 * 0.5, prefill=True)  # carries the prompt: measures nothing
+    policy.observe(prefill)
+    assert policy.next_k() == measure
+    chunk = PlainEvent("r", "route", tuple(range(8)), 8 * 0.1)  # 10 tok/s plain
     costs.observe(chunk)
     policy.observe(chunk)
+    for index in range(MIN_ROUNDS_BEFORE_SWITCH):
+        assert policy.next_k().k == 4  # perfect acceptance would pay (12.5 tok/s): it explores
+        event = round_event(index + 1, 4, 0, draft_s=0.2, verify_s=0.2)
+        costs.observe(event)
+        policy.observe(event)
     decision = policy.next_k()
-    assert (decision.k, decision.measure_plain) == (0, False) and "plain" in decision.reason
+    assert (decision.k, decision.measure_plain) == (0, False)
 
 
 def test_a_route_that_knows_its_plain_rate_or_a_forced_request_measures_nothing() -> None:
@@ -178,6 +181,9 @@ def test_a_request_that_reads_along_reads_before_its_first_round_unless_the_rout
     costs, settings = route_with_low_alpha()
     fresh = RequestPolicy(RouteCosts(0.1, 4), settings, 4, Decision(4, "not measured"), reads_along=True)
     probe = RequestPolicy(costs, settings, 4, choose(costs, settings), reads_along=True)
+    first = fresh.next_k()
+    assert first.k == 0 and first.measure_plain  # the draft reads that chunk too
+    fresh.observe(PlainEvent("r", "route", tuple(range(8)), 0.4))
     for policy in (fresh, probe):
         for _ in range(MIN_ROUNDS_BEFORE_SWITCH):
             decision = policy.next_k()
@@ -186,7 +192,7 @@ def test_a_request_that_reads_along_reads_before_its_first_round_unless_the_rout
         assert not policy.next_k().reading
     paying = Decision(4, "k=4 predicted 30 tok/s vs 20 plain", 30.0, 20.0)
     assert RequestPolicy(costs, settings, 4, paying, reads_along=True).next_k().k == 4
-    assert RequestPolicy(RouteCosts(0.1, 4), settings, 4, Decision(4, "not measured")).next_k().k == 4
+    assert RequestPolicy(costs, settings, 4, Decision(4, "not measured")).next_k().k == 4
 
 
 def test_a_request_stops_exploring_once_even_accepting_every_draft_could_not_beat_plain_decoding() -> None:

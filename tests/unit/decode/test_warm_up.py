@@ -130,10 +130,10 @@ async def test_a_greedy_request_that_reads_along_goes_back_to_drafting(served: S
     drafter.done_reading.set()
     batches, events = await run(served, drafter, 40, policy=PlainThenDraft(4, plain=2), warm_up=True)
     assert sum(batches, []) == served.model.greedy(PROMPT, 40)
-    assert [len(b) for b in batches[:2]] == [PLAIN_CHUNK, PLAIN_CHUNK]
+    assert [len(b) for b in batches[:2]] == [START_CHUNK, PLAIN_CHUNK]  # short while the draft reads the prompt
     assert len([e for e in events if isinstance(e, SwitchEvent)]) == 1
-    assert drafter.chunks_read == [len(PROMPT), len(PROMPT) + PLAIN_CHUNK]
-    assert rounds(events) and drafter.calls[0] == (len(PROMPT) + 2 * PLAIN_CHUNK, 4)
+    assert drafter.chunks_read == [len(PROMPT), len(PROMPT) + START_CHUNK]
+    assert rounds(events) and drafter.calls[0] == (len(PROMPT) + START_CHUNK + PLAIN_CHUNK, 4)
 
 
 async def test_a_sampled_request_switches_for_good(served: Served) -> None:
@@ -153,5 +153,5 @@ async def test_on_a_fresh_route_a_greedy_request_reads_two_chunks_before_its_fir
     assert sum(batches, []) == served.model.greedy(PROMPT, 40)
     # Each chunk is read while the target decodes the next, so the decision may see one chunk fewer.
     chunks = len(plain_events(events[: events.index(rounds(events)[0])]))
-    assert chunks in (2, 3) and drafter.calls[0][0] == len(PROMPT) + chunks * PLAIN_CHUNK
+    assert chunks in (2, 3) and drafter.calls[0][0] == len(PROMPT) + START_CHUNK + (chunks - 1) * PLAIN_CHUNK
     assert not [e for e in events if isinstance(e, SwitchEvent)]  # reading first is no switch
