@@ -14,7 +14,20 @@ fi
 # llama-cpp-python compiles on first install (about 20-30 minutes on 2 cores); pip caches the wheel.
 # For Metal or CUDA builds see the README (CMAKE_ARGS).
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+# llama.cpp compiles for the CPU it builds on (-march=native). Its AMX kernels die of a general
+# protection fault on virtual machines that advertise AMX without enabling it (seen on this
+# project's machines), and they speed up only a few quantisations: x86 builds leave them out.
+AMX_OFF="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+if [ "$(uname -m)" = x86_64 ]; then
+  export CFLAGS="${CFLAGS:-} $AMX_OFF" CXXFLAGS="${CXXFLAGS:-} $AMX_OFF"
+fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+if .venv/bin/python -c 'import llama_cpp, sys; sys.exit(b"AMX_INT8 = 1" not in llama_cpp.llama_print_system_info())'
+then  # a wheel pip had cached from a build with AMX
+  echo "setup: rebuilding llama-cpp-python without AMX" >&2
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps --no-cache-dir \
+    "llama-cpp-python==$(.venv/bin/python -c 'import llama_cpp; print(llama_cpp.__version__)')"
+fi
 
 # The live page's browser test (tests/e2e/test_live_page.py) drives Debian's chromium through its chromedriver.
 # SPECULOOS_SETUP_BROWSER=0 skips it (scripts/run.sh needs no browser).
