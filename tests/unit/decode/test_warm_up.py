@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from proxy.control.costs import RouteCosts
 from proxy.config.schema import FallbackConfig
+from proxy.control.costs import RouteCosts
 from proxy.control.policy import Decision, PinnedPolicy, RequestPolicy
 from proxy.decode.events import PlainEvent, ReadEvent, SwitchEvent
 from proxy.decode.loop import START_CHUNK
