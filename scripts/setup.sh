@@ -23,9 +23,10 @@ if [ "$(uname -m)" = x86_64 ]; then
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 if .venv/bin/python -c 'import llama_cpp, sys; sys.exit(b"AMX_INT8 = 1" not in llama_cpp.llama_print_system_info())'
-then  # a wheel pip had cached from a build with AMX
+then  # a wheel pip had cached from a build with AMX: replace it in the cache too, so it is rebuilt once
   echo "setup: rebuilding llama-cpp-python without AMX" >&2
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps --no-cache-dir \
+  .venv/bin/python -m pip cache remove --quiet llama_cpp_python
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps \
     "llama-cpp-python==$(.venv/bin/python -c 'import llama_cpp; print(llama_cpp.__version__)')"
 fi
 
