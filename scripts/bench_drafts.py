@@ -3,13 +3,16 @@
 
 Usage: scripts/bench_drafts.py [--target qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b]
        [--kinds ngram,suffix,hybrid] [--workloads code_editing,...] [--prompts 3] [--max-tokens 128]
-       [--ks 0,1,2,4,8,16,32] [--out out/drafts]
+       [--ks 0,1,2,4,8,16,32] [--anchor] [--out out/drafts]
 Starts one verifier and one proxy with a route per draft kind (matched by model name), measures the
 verifier's cost of a verification for each K next to plain decoding (scripts/bench_verifier.py),
 then runs `speculoos bench --modes auto` once per kind, recording each kind's trace for
 `speculoos bench --simulate`. Regime: shared cores (both servers on this machine, one thread each).
 Prints, per workload and kind: tokens/s against direct, α, tokens per round, and the speedup the
-cost model predicts from the run's own rounds and measured verification costs.
+cost model predicts from the run's own rounds and measured verification costs. With --anchor, the
+same run then measures llama-cpp-python's in-process prompt lookup on the same prompts
+(scripts/bench_anchor.py, one thread, 10 predicted tokens, after both servers have stopped) and
+prints each kind's tokens/s against it.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--ks", default="0,1,2,4,8,16,32")
+    parser.add_argument("--anchor", action="store_true", help="also measure llama-cpp-python's prompt lookup")
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "drafts")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -56,6 +60,7 @@ def main() -> None:
                                 stack.verifier_url, "--ks", args.ks], check=True, capture_output=True, text=True)
         print(costs.stdout)
         documents = {kind: run_bench(stack, kind, args) for kind in kinds}
+    anchor = run_anchor(args) if args.anchor else {}
     print("| workload | draft | direct tok/s | proxy tok/s | ÷ direct | α | tokens/round | predicted | efficiency |")
     print("|---|---|---|---|---|---|---|---|---|")
     for kind, document in documents.items():
@@ -67,7 +72,22 @@ def main() -> None:
             print(f"| {row['workload']} | {kind} | {_rate(direct)} | {_rate(row)} | {_fmt(row['speedup'])}× | "
                   f"{_fmt(row['alpha'])} | {_fmt(row['tokens_per_round'], 1)} | {_fmt(row['predicted_speedup'])}× | "
                   f"{_fmt(row['efficiency'])} |")
+    for workload, rates in anchor.items():
+        for kind, document in documents.items():
+            row = next(r for r in document["rows"] if r["workload"] == workload and r["mode"] == "auto")
+            proxy = row["tokens_per_second"]["median"]
+            print(f"{workload}, {kind}: {proxy:.1f} tok/s = {proxy / rates['lookup']:.2f}× the anchor's "
+                  f"{rates['lookup']:.1f} (its plain decoding: {rates['plain']:.1f})")
     print(f"\nper-kind tables, JSON and traces: {args.out}")
+
+
+def run_anchor(args: argparse.Namespace) -> dict:
+    """llama-cpp-python's in-process prompt lookup on the same prompts: medians per workload."""
+    document = args.out / "anchor.json"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_anchor.py"), "--model", args.target,
+                    "--workloads", args.workloads, "--prompts", str(args.prompts), "--max-tokens", str(args.max_tokens),
+                    "--threads", "1", "--num-pred-tokens", "10", "--json", str(document)], check=True)
+    return json.loads(document.read_text())
 
 
 def _rate(row: dict) -> str:

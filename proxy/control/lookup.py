@@ -44,8 +44,9 @@ def lookup_length(costs: RouteCosts, odds: Sequence[float], competing_rate: floa
 
 def plain_chunk_size(hits: int, lookups: int) -> int:
     """Tokens to decode plainly after a miss: short when lookups usually pay (a path's first token was right,
-    verified or declined), long when they rarely do."""
-    hit_rate = (hits + 1) / (lookups + 2)
+    verified or declined), long when they rarely do. A request's first miss gets the shortest chunk: it is
+    usually the reply's opening words, before a copy of the prompt starts."""
+    hit_rate = (hits + 1) / (lookups + 1)
     return int(min(MAX_PLAIN_CHUNK, max(MIN_PLAIN_CHUNK, round(MIN_PLAIN_CHUNK / hit_rate))))
 
 

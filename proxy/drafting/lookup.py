@@ -14,7 +14,8 @@ from dataclasses import replace
 import numpy as np
 
 from proxy.drafting.base import Draft, Drafter, DraftPlan
-from proxy.drafting.suffix import LookupSettings, OutputHistory, continuations
+from proxy.drafting.edits import Edit, in_prompt_words, learn_edits, replay
+from proxy.drafting.suffix import MAX_MATCH, Continuation, LookupSettings, OutputHistory, continuations
 from proxy.sampling.processors import one_hot
 
 
@@ -75,13 +76,15 @@ class LookupDrafter:
 
 
 class SuffixDrafter(LookupDrafter):
-    """Suffix lookup over the request's own context and, unless kept apart, the route's recent outputs."""
+    """Suffix lookup over the request's own context and, unless kept apart, the route's recent outputs;
+    where the output copies its prompt with changes, the prompt's continuation with those changes made."""
 
     def __init__(self, tokenizer: Drafter, settings: LookupSettings, *, history_tokens: int = 0) -> None:
         super().__init__(tokenizer)
         self.settings = settings
         self.history = OutputHistory(history_tokens) if history_tokens > 0 else None
         self._requests: dict[str, tuple[int, Sequence[int]]] = {}  # request id -> (prompt length, latest context)
+        self._edits: dict[str, tuple[int, list[Edit]]] = {}  # request id -> (context length, its output's edits)
 
     def reserve(self, request_id: str, context: Sequence[int]) -> bool:
         """Remember where the prompt ends, to keep the output for the history."""
@@ -91,6 +94,7 @@ class SuffixDrafter(LookupDrafter):
     def release(self, request_id: str) -> None:
         """Add the request's output to the route's history."""
         prompt_length, context = self._requests.pop(request_id, (0, ()))
+        self._edits.pop(request_id, None)
         if self.history is not None:
             self.history.add(list(context[prompt_length:]))
 
@@ -115,6 +119,9 @@ class SuffixDrafter(LookupDrafter):
             if shared and (not found or shared[0].score > found[0].score):
                 self.history.touch(shared[0].anchor)
                 found = shared
+        edited = self._edited(context, plan.request_id, settings)
+        if edited is not None and (not found or edited.match_length >= found[0].match_length):
+            found = [edited, *found][: settings.candidates]  # the copy with its changes; the plain path a branch
         paths: list[tuple[int, ...]] = []
         for path in found:
             length = plan.worth(path.probs) if plan.worth is not None else len(path.tokens)
@@ -123,6 +130,29 @@ class SuffixDrafter(LookupDrafter):
             elif not paths:
                 return [], path.tokens  # the best path was not worth verifying: neither are its branches
         return paths, ()
+
+    def _edited(self, context: Sequence[int], request_id: str, settings: LookupSettings) -> Continuation | None:
+        """The prompt's continuation from where the output's copy of it stands, with the output's changes made;
+        None while the output has made no change that could repeat."""
+        prompt_length = self._requests.get(request_id, (0, ()))[0]
+        if prompt_length == 0:
+            return None
+        known_length, edits = self._edits.get(request_id, (-1, []))
+        if known_length != len(context):
+            edits = learn_edits(context[:prompt_length], context[prompt_length:])
+            self._edits[request_id] = (len(context), edits)
+        if not edits:
+            return None
+        tail, unfinished = in_prompt_words(context[-MAX_MATCH:], edits)
+        prompt = np.asarray(context[:prompt_length], dtype=np.int64)
+        found = continuations(prompt, np.asarray(tail, dtype=np.int64), replace(settings, candidates=1))
+        if not found:
+            return None
+        path = found[0]
+        tokens, origins = replay(path.tokens, edits)
+        probs = [path.probs[0]] * len(unfinished) + [path.probs[i] for i in origins]
+        tokens = [*unfinished, *tokens][: settings.max_tokens]
+        return Continuation(tuple(tokens), tuple(probs[: len(tokens)]), path.match_length, path.anchor)
 
 
 class HybridDrafter(SuffixDrafter):

@@ -137,7 +137,9 @@ async def test_probe_re_measures_after_the_workload_changes_back(proxy: tuple[st
     modes = [(await post(base + "/v1/completions", completion(24)))[1]["X-Speculoos-Mode"] for _ in range(4)]
     assert "speculative" in modes and "passthrough" in modes  # passthrough requests, then a probe
     after = await status_of(base)
-    assert after["alpha"] > 0.8  # the probe measured the good draft
+    # The probe measured the good draft: its next token is right nearly always now. (The mean over
+    # 8 positions also counts windows the probe's short reads barely reach, and moves with timing.)
+    assert after["alpha_per_position"][0] > 0.8 and after["alpha"] > before["alpha"] + 0.4
     best = max(r for r in after["predicted_tokens_per_second_by_k"].values() if r is not None)
     plain = after["plain_tokens_per_second"]
     hysteresis = 0.05

@@ -50,7 +50,7 @@ def test_the_plain_rate_is_estimated_from_a_verification_of_nothing_until_measur
 
 
 @pytest.mark.parametrize(("hits", "lookups", "expected"), [
-    (0, 0, 8), (10, 10, MIN_PLAIN_CHUNK), (0, 10, MAX_PLAIN_CHUNK), (5, 10, 8)])
+    (0, 0, MIN_PLAIN_CHUNK), (10, 10, MIN_PLAIN_CHUNK), (0, 10, MAX_PLAIN_CHUNK), (5, 10, 7)])
 def test_plain_chunks_grow_as_lookups_miss(hits: int, lookups: int, expected: int) -> None:
     assert plain_chunk_size(hits, lookups) == expected
 

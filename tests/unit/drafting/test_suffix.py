@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from proxy.drafting.base import DraftPlan
 from proxy.drafting.lookup import HybridDrafter, SuffixDrafter
 from proxy.drafting.suffix import LookupSettings, OutputHistory, continuations, match_lengths
-from proxy.sampling.processors import SamplingParams
 from tests.fakes.drafter import ScriptedDrafter
+from tests.unit.drafting.plans import plan
 
 WIDE = LookupSettings(max_tokens=32, min_prob=0.1, factor=8.0)
 
@@ -83,10 +82,6 @@ def test_matches_never_cross_from_one_output_into_the_next() -> None:
     history.add([1, 2])
     history.add([3, 4])
     assert continuations(history.corpus(), np.array([1, 2]), WIDE) == []
-
-
-def plan(k: int = 8, worth=None, request_id: str = "r") -> DraftPlan:
-    return DraftPlan(k, SamplingParams(temperature=0.0), (), 1, np.random.default_rng(0), request_id, k, worth)
 
 
 async def test_the_route_history_serves_later_requests_unless_kept_apart() -> None:
