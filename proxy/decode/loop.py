@@ -163,8 +163,10 @@ class _Rounds:
         else:
             ahead, draft = None, await self.drafter.propose(self.context, plan)
         if not draft.tokens:
+            # While the model drafts nothing, a sampled request's model learns nothing from reading the chunk
+            # (a later draft reads what it missed), and where it shares the target's cores it slows the target.
             return await self._plain(min(session.policy.plain_chunk(), remaining), lookup_missed=True,
-                                     declined=draft.declined)
+                                     declined=draft.declined, read=decision.k > 0 or self.resumes)
         drafted_at = time.perf_counter()
         verification = asyncio.ensure_future(_verify(session, self.target, self.context, draft))
         self.ahead = _draft_ahead(session, self.drafter, self.context, draft, remaining)
@@ -193,12 +195,13 @@ class _Rounds:
             self.switched = True
             self.session.publish(SwitchEvent(self.session.request_id, self.session.route, decision.reason))
 
-    async def _plain(self, n: int, *, lookup_missed: bool = False, declined: tuple[int, ...] = ()) -> tuple[int, ...]:
-        """A chunk of up to n tokens decoded by the target, up to the end of generation; the draft reads it."""
+    async def _plain(self, n: int, *, lookup_missed: bool = False, declined: tuple[int, ...] = (),
+                     read: bool = True) -> tuple[int, ...]:
+        """A chunk of up to n tokens decoded by the target, up to the end of generation; the draft reads it if asked."""
         tokens = await plain_chunk(self.session, self.target, self.context, n, lookup_missed=lookup_missed,
                                    declined=declined)
         tokens = _until_end(tuple(tokens), self.drafter.vocabulary.is_end_of_generation)
-        if self.reads and tokens:
+        if self.reads and read and tokens:
             self._read(tokens)
         return tokens
 

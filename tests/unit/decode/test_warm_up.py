@@ -95,6 +95,16 @@ async def test_a_lookup_drafter_verifies_lookups_while_its_model_reads(served: S
     assert drafter.reading is not None and drafter.reading.cancelled()  # stopped at the end of the request
 
 
+async def test_after_lookup_misses_only_a_greedy_request_or_a_drafting_model_reads_the_chunks(served: Served) -> None:
+    for temperature, k, reads in [(1.0, 0, False), (0.0, 0, True), (1.0, 4, True)]:
+        drafter = SlowReader(served.model, looks_up=True)
+        drafter.script = lambda context, k: []  # every lookup misses, and the model drafts nothing
+        drafter.done_reading.set()
+        _, events = await run(served, drafter, 12, policy=PinnedPolicy(k), lookup_k=4, warm_up=True,
+                              params=SamplingParams(temperature=temperature))
+        assert plain_events(events) and bool(drafter.chunks_read) == reads, (temperature, k)
+
+
 async def test_a_client_gone_while_the_draft_reads_stops_the_reading(served: Served) -> None:
     drafter = SlowReader(served.model)
     task = asyncio.ensure_future(run(served, drafter, 200, k=4, warm_up=True))
