@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,16 +128,23 @@ class LocalStack:
 
 
 def routes_yaml(upstream_port: int, draft: str, *, threads: int, parallel: int, kinds: Sequence[str] = (),
-                live: bool = False) -> str:
-    """One route, `local`, drafting with the model; or one route per draft kind, named and matched by the kind."""
+                live: bool = False, assume_costs: Mapping[str, float] | None = None) -> str:
+    """One route, `local`, drafting with the model; or one route per draft kind, named and matched by the kind.
+
+    With `assume_costs` (fallback.assume_costs), every route decides with those costs, in sequential rounds.
+    """
     upstream = f"    upstream: {{url: 'http://{HOST}:{upstream_port}'}}\n"
     server = "server: {live: true}\n" if live else ""
+    assumed = "" if assume_costs is None else (
+        "    speculation: {pipeline: false}\n"
+        f"    fallback: {{assume_costs: {{{', '.join(f'{key}: {value}' for key, value in assume_costs.items())}}}}}\n")
     if not kinds:
         return (f"{server}routes:\n  - name: local\n{upstream}"
-                f"    draft: {{model: {draft}, threads: {threads}, parallel: {parallel}}}\n")
+                f"    draft: {{model: {draft}, threads: {threads}, parallel: {parallel}}}\n{assumed}")
     return server + "routes:\n" + "".join(
         f"  - name: {kind}\n    match: {{model: {kind}}}\n{upstream}"
-        f"    draft: {{kind: {kind}, model: {draft}, threads: {threads}, parallel: {parallel}}}\n" for kind in kinds)
+        f"    draft: {{kind: {kind}, model: {draft}, threads: {threads}, parallel: {parallel}}}\n{assumed}"
+        for kind in kinds)
 
 
 @contextmanager
@@ -145,7 +152,7 @@ def local_stack(target: str, draft: str, *, parallel: int = 4, threads: int = 1,
                 proxy_port: int = 18080, verifier_args: Sequence[str] = (), kinds: Sequence[str] = (),
                 live: bool = False, verifier_cores: Collection[int] | None = None,
                 proxy_cores: Collection[int] | None = None, relay_port: int | None = None,
-                rtt_ms: float = 0.0) -> Iterator[LocalStack]:
+                rtt_ms: float = 0.0, assume_costs: Mapping[str, float] | None = None) -> Iterator[LocalStack]:
     """Start `speculoos verifier` for target and `speculoos serve` with draft in front of it (a route per kind).
 
     With `relay_port`, the proxy's upstream is a relay at `rtt_ms` on that port (restart it through
@@ -154,7 +161,7 @@ def local_stack(target: str, draft: str, *, parallel: int = 4, threads: int = 1,
     folder = Path(tempfile.mkdtemp(prefix="speculoos-bench-"))
     routes = folder / "routes.yaml"
     routes.write_text(routes_yaml(relay_port or verifier_port, draft, threads=threads, parallel=parallel, kinds=kinds,
-                                  live=live))
+                                  live=live, assume_costs=assume_costs))
     verifier = _start(["verifier", "--model", target, "--port", str(verifier_port), "--threads", str(threads),
                        "--parallel", str(parallel), *verifier_args], folder / "verifier.log",
                       f"http://{HOST}:{verifier_port}/health", verifier_cores)

@@ -164,6 +164,23 @@ class TimeoutsConfig(_Section):
     idle: float = Field(default=60.0, gt=0)  # longest silence inside a streaming body
 
 
+class AssumedCostsConfig(_Section):
+    """Costs in milliseconds that a route decides with instead of measuring them (to record a SIMULATION's trace)."""
+
+    draft_ms: float = Field(ge=0)  # per drafted token
+    verify_ms_flat: float = Field(default=0.0, ge=0)  # per verification, whatever its K
+    verify_ms_per_token: float = Field(default=0.0, ge=0)  # per token a verification evaluates (K + 1)
+    rtt_ms: float = Field(default=0.0, ge=0)  # per round trip to the target
+    plain_ms: float = Field(gt=0)  # per token of plain decoding
+
+    @model_validator(mode="after")
+    def _verification_costs_time(self) -> AssumedCostsConfig:
+        """A verification that costs nothing would make every K look free."""
+        if self.verify_ms_flat + self.verify_ms_per_token <= 0:
+            raise ValueError("verify_ms_flat or verify_ms_per_token must be > 0")
+        return self
+
+
 class FallbackConfig(_Section):
     """When to stop speculating, when to probe again, and the range K may move in."""
 
@@ -174,6 +191,9 @@ class FallbackConfig(_Section):
     probe_every_requests: int = Field(default=20, ge=1)
     probe_every_seconds: float = Field(default=300.0, gt=0)
     ewma_alpha: float = Field(default=0.1, gt=0, le=1)
+    # Decide as if these were the costs (acceptance is still measured): a bench records, on this
+    # machine, the rounds a route would make on other hardware, for `speculoos bench --simulate`.
+    assume_costs: AssumedCostsConfig | None = None
 
     @field_validator("k_max")
     @classmethod
@@ -213,6 +233,13 @@ class Route(_Section):
             raise _problem(("speculation", "k"), f"{k} is below fallback.k_min ({k_min})")
         if k > k_max:
             raise _problem(("speculation", "k"), f"{k} is above fallback.k_max ({k_max})")
+        return self
+
+    @model_validator(mode="after")
+    def _assumed_costs_are_sequential(self) -> Route:
+        """Assumed costs describe sequential rounds, the model `speculoos bench --simulate` replays."""
+        if self.fallback.assume_costs is not None and self.speculation.pipeline:
+            raise _problem(("fallback", "assume_costs"), "needs speculation.pipeline: false")
         return self
 
 

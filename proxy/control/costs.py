@@ -1,8 +1,9 @@
 """Route-shared measurements: α, draft time per token, verification time by K, and the plain rate.
 
-Costs are measured, never assumed: verification time as a function of K is flat on a GPU and
-steep on a CPU, and the plain rate comes from real passthrough requests and plain chunks. Every
-request on the route feeds them; none of them decides anything.
+Costs are measured: verification time as a function of K is flat on a GPU and steep on a CPU,
+and the plain rate comes from real passthrough requests and plain chunks. Every request on the
+route feeds them; none of them decides anything. Only a bench assumes them (AssumedCosts), to
+record on this machine the rounds a route would make on other hardware.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from proxy.config.schema import MAX_K
+from proxy.config.schema import MAX_K, AssumedCostsConfig
 from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent
 
 UNMEASURED_ALPHA = 0.5  # a neutral prior before any round was seen
@@ -262,3 +264,33 @@ class RouteCosts:
             return self.plain_rate
         step = self.verify_time(0)
         return 1.0 / step if step else None
+
+
+class AssumedCosts(RouteCosts):
+    """A route's costs as configured instead of measured; acceptance is still measured.
+
+    The route then decides K, lookup lengths and plain chunks as it would on the hardware those
+    costs describe, so a bench on this machine records the rounds that hardware would make.
+    """
+
+    def __init__(self, weight: float, k_max: int, assumed: AssumedCostsConfig) -> None:
+        super().__init__(weight, k_max, pipelined=False)  # the replayed cost model is sequential
+        self.assumed = assumed
+        self.draft_per_token = Ewma(1.0, assumed.draft_ms / 1000.0, 1)
+        self.plain_per_token = Ewma(1.0, assumed.plain_ms / 1000.0, 1)
+
+    def record_round(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float, **kwargs: Any) -> None:
+        """Acceptance only: the costs are assumed."""
+        super().record_round(k, accepted, draft_seconds, verify_seconds, **{**kwargs, "costs": False})
+
+    def record_plain(self, tokens: int, seconds: float) -> None:
+        """Nothing: the plain rate is assumed."""
+
+    def verified_sizes(self) -> int:
+        """Every K is known."""
+        return MAX_K + 1
+
+    def verify_time(self, k: int, context: int | None = None) -> float:
+        """A round trip and a verification of k drafts and the bonus position, as assumed."""
+        a = self.assumed
+        return (a.verify_ms_flat + a.verify_ms_per_token * (k + 1) + a.rtt_ms) / 1000.0

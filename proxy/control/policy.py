@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from proxy.config.schema import FallbackConfig
 from proxy.control.costs import RouteCosts, read_windows, survival
 from proxy.control.lookup import MIN_PLAIN_CHUNK, LookupOdds
@@ -27,6 +29,9 @@ MIN_ROUNDS_BEFORE_SWITCH = 2  # a request (a probe especially) measures a few ro
 # A request that switched to plain decoding goes back to drafting only on a clear gain: it goes back
 # when its text turned predictable, and the stretch after such a turn is less so (regression to the mean).
 RESUME_MARGIN = 0.2
+# A model draft is given up for the rest of a request once even an optimistic reading of this many
+# drafted or read tokens of its own (each position's survival at its upper bound) predicts a loss.
+MIN_TOKENS_TO_GIVE_UP = 32
 NOT_MEASURED = "not measured yet: speculating with the configured k"
 READING = "reading the target's first tokens before the first round"
 
@@ -70,6 +75,12 @@ def choose_k(costs: RouteCosts, settings: FallbackConfig, configured_k: int, *, 
                     known[best_k], plain)
 
 
+def upper_bound(successes: int, trials: int, z: float = 2.0) -> float:
+    """The Wilson score interval's upper end for a success rate: optimistic by z standard errors, sane at 0 and 1."""
+    p, zz = successes / trials, z * z / trials
+    return min(1.0, (p + zz / 2 + z * np.sqrt(p * (1 - p) / trials + zz / (4 * trials))) / (1 + zz))
+
+
 class PinnedPolicy:
     """The client pinned K: every round drafts that many."""
 
@@ -91,6 +102,10 @@ class PinnedPolicy:
         """The shortest chunk: look again soon."""
         return MIN_PLAIN_CHUNK
 
+    def model_may_pay(self) -> bool:
+        """The client asked for drafts: always."""
+        return True
+
 
 class RequestPolicy:
     """One request's K each round, from its own acceptance so far and the route's costs."""
@@ -99,7 +114,9 @@ class RequestPolicy:
                  *, forced: bool = False, explore: bool = True, pipelined: bool | None = None,
                  reads_along: bool = False) -> None:
         self._costs, self._settings, self._configured_k = costs, settings, configured_k
-        self._reads_along = reads_along  # the draft reads what the target writes, which counts as rounds
+        # The draft reads what the target writes, which counts as rounds. Reading is exploring: a request
+        # on a lookup route that turned its model off does not read, unless it probes the model.
+        self._reads_along = reads_along and explore
         self._pipelined = pipelined  # whether this request drafts ahead (None: as the route does)
         self._measured_plain = False  # this request has decoded a plain chunk (which measures the plain rate)
         self._forced = forced  # the client asked to speculate: never switch to plain decoding
@@ -173,6 +190,25 @@ class RequestPolicy:
         best = choose_k(self._costs, self._settings, self._configured_k, alpha=1.0, alpha_rounds=0, speculating=True,
                         pipelined=self._pipelined, context=self.context, curve=[1.0] * self._settings.k_max)
         return replace(best, reason=f"even accepting every draft, {best.reason}") if best.k == PASSTHROUGH_K else None
+
+    def model_may_pay(self) -> bool:
+        """Whether the model draft could still beat plain decoding on this request, so its reading along is worth it.
+
+        False on a lookup route that has turned the model off, unless this request probes it (reading
+        is exploring), and once even this request's own survival curve at its upper bounds predicts a
+        loss at every K: the text is not one the draft predicts, and on shared cores reading it slows
+        the target.
+        """
+        if not self._explore:
+            return False  # see _reads_along
+        if self._forced or self._costs.plain_rate is None or self.drafted < MIN_TOKENS_TO_GIVE_UP:
+            return True
+        optimistic = [upper_bound(s, r) if r else None for s, r in zip(self._survived, self._reached, strict=True)]
+        alpha = upper_bound(self.accepted, self.drafted)
+        best = choose_k(self._costs, self._settings, self._configured_k, alpha=None, alpha_rounds=0, speculating=True,
+                        pipelined=self._pipelined, context=self.context,
+                        curve=survival(alpha, optimistic, self._settings.k_max))
+        return best.k != PASSTHROUGH_K
 
     def next_k(self) -> Decision:
         """K for the next round; 0 to continue by plain decoding."""

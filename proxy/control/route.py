@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from proxy.config.schema import FallbackConfig
-from proxy.control.costs import RouteCosts
+from proxy.control.costs import AssumedCosts, RouteCosts
 from proxy.control.policy import MIN_ROUNDS_BEFORE_SWITCH, NOT_MEASURED, Decision, RequestPolicy, choose_k
 from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent
 
@@ -32,7 +32,9 @@ class RouteController:
     last_probe: float = field(init=False)
 
     def __post_init__(self) -> None:
-        self.costs = RouteCosts(self.settings.ewma_alpha, self.settings.k_max, self.pipelined)
+        assumed = self.settings.assume_costs
+        self.costs = (RouteCosts(self.settings.ewma_alpha, self.settings.k_max, self.pipelined) if assumed is None
+                      else AssumedCosts(self.settings.ewma_alpha, self.settings.k_max, assumed))
         self.current = Decision(self.configured_k, NOT_MEASURED)
         self.last_probe = self.clock()
 
@@ -106,4 +108,5 @@ class RouteController:
             "verify_seconds_by_k": {k: e.value for k, e in sorted(costs.verify_by_k.items())},
             "plain_tokens_per_second": costs.plain_rate,
             "predicted_tokens_per_second_by_k": {k: costs.speculative_rate(k) for k in range(s.k_min, s.k_max + 1)},
+            "assumed_costs": s.assume_costs.model_dump() if s.assume_costs else None,
         }

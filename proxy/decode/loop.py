@@ -48,13 +48,15 @@ async def speculative_tokens(session: Session, drafter: Drafter, target: Target)
             decision = session.policy.next_k()
             if decision.k == 0:
                 await rounds.stop_ahead()
+                rounds.resumes = rounds.resumes and session.policy.model_may_pay()
             # K = 0 ends speculation for a model draft unless it keeps reading what the target writes
             # (which tells the policy when drafting would pay again); a lookup drafter goes on, in
             # plain chunks where nothing is worth verifying. Plain decoding is exact and always allowed.
             if rounds.over_tv() or (decision.k == 0 and not decision.measure_plain and not drafter.looks_up
                                     and not rounds.resumes):
                 reason = decision.reason if decision.k == 0 else f"error bound {rounds.worst_tv:.3g} above max_tv"
-                session.publish(SwitchEvent(session.request_id, session.route, reason))
+                if not rounds.switched:
+                    session.publish(SwitchEvent(session.request_id, session.route, reason))
                 async for tokens in plain_tokens(session, target, rounds.context, remaining):
                     yield tokens
                 return
@@ -80,8 +82,9 @@ class _Rounds:
         self.worst_tv = 0.0
         self.ahead: DraftAhead | None = None  # the next round, drafted while this one was verified
         self.reads = session.warm_up  # the draft model reads what the target writes while the target goes on
-        # After a switch a greedy request's draft reads on: what it would have drafted tells when drafting pays again.
-        self.resumes = session.warm_up and session.params.greedy
+        # After a switch a greedy request's draft reads on: what it would have drafted tells when drafting pays again,
+        # until the policy finds that it cannot.
+        self.resumes = session.warm_up and session.params.greedy and session.policy.model_may_pay()
         self.reading: asyncio.Future[None] | None = None  # the draft model's reading in flight (the last of a chain)
         self.reading_prompt: asyncio.Future[None] | None = None  # the chain's first: the prompt
         self.switched = False  # a SwitchEvent was published
@@ -91,8 +94,10 @@ class _Rounds:
         return self.worst_tv > self.session.max_tv
 
     def start_reading(self) -> None:
-        """Have the draft model read the prompt in the background, when the request warms up that way."""
-        if self.reads and (pending := self.drafter.prefill(self.session.request_id, self.context)):
+        """Have the draft model read the prompt in the background, when the request warms up that way and the model
+        may draft for it."""
+        if (self.reads and self.session.policy.model_may_pay()
+                and (pending := self.drafter.prefill(self.session.request_id, self.context))):
             self.reading = self.reading_prompt = asyncio.ensure_future(_quietly(pending, "reading the prompt"))
 
     def _read(self, tokens: tuple[int, ...]) -> None:

@@ -36,6 +36,10 @@ class Policy(Protocol):
         """Tokens to decode plainly when a lookup found nothing, before looking again."""
         ...
 
+    def model_may_pay(self) -> bool:
+        """Whether the model draft could still pay on this request (False: it stops reading along for good)."""
+        ...
+
 
 @dataclass(frozen=True)
 class RequestRandom:

@@ -13,14 +13,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from proxy.bench.local import LocalStack, Relay, pinned, relay, routes_yaml
+from proxy.config.schema import FallbackConfig, SpeculationConfig
 from tests.support import free_port
 
 
 def test_routes_point_at_the_given_upstream_port() -> None:
     assert "url: 'http://127.0.0.1:18002'" in routes_yaml(18002, "d", threads=1, parallel=4)
     assert routes_yaml(18002, "d", threads=1, parallel=4, kinds=["hybrid"]).count("18002") == 1
+
+
+def test_routes_can_decide_with_assumed_costs() -> None:
+    routes = yaml.safe_load(routes_yaml(18002, "d", threads=1, parallel=4, kinds=["ngram", "suffix"],
+                                        assume_costs={"draft_ms": 4, "verify_ms_flat": 25, "plain_ms": 25}))["routes"]
+    assert [FallbackConfig.model_validate(r["fallback"]).assume_costs.verify_ms_flat for r in routes] == [25, 25]
+    assert not any(SpeculationConfig.model_validate(r["speculation"]).pipeline for r in routes)
 
 
 def test_direct_url_is_the_relay_when_there_is_one(tmp_path: Path) -> None:

@@ -111,6 +111,14 @@ BAD = [
     (qwen("fallback: {k_min: 5, k_max: 3}"), f"{Q}: fallback.k_max: must be >= fallback.k_min (5)"),
     (qwen("speculation: {max_tv: 0.1}"), f"{Q}: speculation.max_tv: must be 0 with sampling: exact"),
     (
+        qwen("fallback: {assume_costs: {draft_ms: 4, plain_ms: 25}}, speculation: {pipeline: false}"),
+        f"{Q}: fallback.assume_costs: verify_ms_flat or verify_ms_per_token must be > 0",
+    ),
+    (
+        qwen("fallback: {assume_costs: {draft_ms: 4, verify_ms_flat: 25, plain_ms: 25}}"),
+        f"{Q}: fallback.assume_costs: needs speculation.pipeline: false",
+    ),
+    (
         qwen("draft: {model: m}", upstream="url: 'http://h', protocol: openai"),
         f"{Q}: draft: openai upstreams cannot verify drafts; remove draft or use sglang/vllm",
     ),

@@ -6,7 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from proxy.control.costs import RouteCosts, expected_tokens, round_seconds, survival
+from proxy.config.schema import AssumedCostsConfig, FallbackConfig
+from proxy.control.costs import AssumedCosts, RouteCosts, expected_tokens, round_seconds, survival
+from proxy.control.policy import choose_k
 from proxy.decode.events import PlainEvent, ReadEvent, RoundEvent
 
 
@@ -125,3 +127,25 @@ def test_a_read_chunk_teaches_the_route_as_one_round() -> None:
     assert [e.value for e in costs.alpha_per_position] == [3 / 4, 1 / 3, 0.0, 0.0]
     assert costs.alpha.value == pytest.approx((3 / 4 + 1 / 3) / 4)
     assert costs.alpha.samples == 1
+
+
+GPU_REGIME = AssumedCostsConfig(draft_ms=4, verify_ms_flat=25, plain_ms=25, rtt_ms=2)
+CPU_REGIME = AssumedCostsConfig(draft_ms=60, verify_ms_per_token=60, plain_ms=60)
+
+
+def test_assumed_costs_ignore_what_is_measured_but_not_acceptance() -> None:
+    costs = AssumedCosts(0.5, 8, GPU_REGIME)
+    costs.observe(replace(round_event(1, 4, 2, draft_s=9.0, verify_s=9.0), prefill=False))
+    costs.observe(PlainEvent("r", "route", tuple(range(20)), 40.0))
+    assert costs.alpha.value == pytest.approx(0.5)  # acceptance is real
+    assert costs.draft_per_token.value == pytest.approx(0.004) and costs.plain_rate == pytest.approx(40.0)
+    assert costs.verify_time(1) == costs.verify_time(32) == pytest.approx(0.027)  # flat, with the round trip
+    assert AssumedCosts(0.5, 8, CPU_REGIME).verify_time(4) == pytest.approx(0.3)  # 5 tokens evaluated
+
+
+@pytest.mark.parametrize(("assumed", "k"), [(GPU_REGIME, 5), (CPU_REGIME, 0)])
+def test_assumed_costs_decide_k_as_that_hardware_would(assumed: AssumedCostsConfig, k: int) -> None:
+    costs = AssumedCosts(0.1, 8, assumed)
+    settings = FallbackConfig(assume_costs=assumed)
+    decision = choose_k(costs, settings, 4, alpha=0.8, alpha_rounds=10, speculating=True)
+    assert decision.k == k  # flat verification: K up to where draft tokens stop paying; K + 1 steps: none

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config.schema import FallbackConfig
-from proxy.control.costs import RouteCosts
+from proxy.config.schema import AssumedCostsConfig, FallbackConfig
+from proxy.control.costs import AssumedCosts, RouteCosts
 from proxy.control.lookup import MAX_PLAIN_CHUNK, MIN_PLAIN_CHUNK, lookup_length, plain_chunk_size
 from proxy.control.policy import Decision, RequestPolicy
 from proxy.decode.events import PlainEvent, RoundEvent
@@ -93,3 +93,8 @@ def test_declined_paths_are_checked_against_what_the_target_produced() -> None:
     hits = policy.lookup.hits
     policy.observe(wrong)
     assert policy.lookup.hits == hits and policy.lookup.tried[0] == 6 + 8 + 1
+
+
+def test_under_assumed_gpu_costs_a_weak_tail_is_verified_too() -> None:
+    costs = AssumedCosts(0.1, 8, AssumedCostsConfig(draft_ms=4, verify_ms_flat=25, plain_ms=25, rtt_ms=2))
+    assert lookup_length(costs, [1.0] * 4 + [0.2] * 12, competing_rate=costs.plain_rate) == 16

@@ -6,7 +6,14 @@ import pytest
 
 from proxy.config.schema import FallbackConfig
 from proxy.control.costs import RouteCosts
-from proxy.control.policy import MIN_ROUNDS_BEFORE_SWITCH, Decision, PinnedPolicy, RequestPolicy, choose_k
+from proxy.control.policy import (
+    MIN_ROUNDS_BEFORE_SWITCH,
+    MIN_TOKENS_TO_GIVE_UP,
+    Decision,
+    PinnedPolicy,
+    RequestPolicy,
+    choose_k,
+)
 from proxy.decode.events import PlainEvent, ReadEvent
 from tests.unit.control.test_costs import feed_rounds, round_event
 
@@ -209,3 +216,21 @@ def test_a_request_stops_exploring_once_even_accepting_every_draft_could_not_bea
         decision = policy.next_k()
         assert decision.k == after
         assert ("even accepting every draft" in decision.reason) == (after == 0)
+
+
+@pytest.mark.parametrize(("chunk", "may_pay"), [
+    ("ynnynnyn", False),  # the draft agrees on a third of the text: even optimistically it loses, reading stops
+    ("yyyyyyyn", True),  # the control: agreement that could pay keeps it reading
+])
+def test_a_request_gives_the_model_draft_up_once_it_could_not_pay_even_optimistically(chunk: str, may_pay: bool) -> None:
+    costs = RouteCosts(0.1, 4)
+    feed_rounds(costs, 4, 2, draft_s=0.0, verify_s=0.10)
+    costs.record_plain(tokens=100, seconds=100 * 0.05)  # 20 tok/s plain; a round of 5 tokens in 0.1 s would be 50
+    policy = RequestPolicy(costs, FallbackConfig(k_min=4, k_max=4), 4, Decision(4, "start"), reads_along=True)
+    for _ in range(MIN_TOKENS_TO_GIVE_UP // len(chunk) - 1):
+        policy.observe(read_event(chunk))
+    assert policy.model_may_pay()  # too little read to give up
+    for _ in range(6):
+        policy.observe(read_event(chunk))
+    assert policy.model_may_pay() == may_pay
+    assert PinnedPolicy(4).model_may_pay()

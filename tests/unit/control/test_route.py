@@ -85,3 +85,12 @@ def test_a_route_that_looks_up_explores_a_model_it_turned_off_only_at_probes() -
     controller.costs.record_plain(tokens=70, seconds=10.0)
     ks = [controller.policy().next_k().k for _ in range(6)]
     assert ks == [0, 0, 4, 0, 0, 4]  # every third request tries the model again
+
+
+def test_a_route_that_looks_up_has_a_model_it_turned_off_read_along_only_at_probes() -> None:
+    controller = RouteController(FallbackConfig(probe_every_requests=3), configured_k=4, looks_up=True)
+    controller.current = Decision(0, "speculation predicted 5 tok/s at k=1 vs 7 tok/s plain")
+    controller.costs.record_plain(tokens=70, seconds=10.0)
+    policies = [controller.policy(reads_along=True) for _ in range(3)]
+    assert [p.model_may_pay() for p in policies] == [False, False, True]  # reading is exploring: the probe reads
+    assert [p.next_k().reading for p in policies] == [False, False, True]

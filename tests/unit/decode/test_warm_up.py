@@ -165,3 +165,38 @@ async def test_on_a_fresh_route_a_greedy_request_reads_two_chunks_before_its_fir
     chunks = len(plain_events(events[: events.index(rounds(events)[0])]))
     assert chunks in (2, 3) and drafter.calls[0][0] == len(PROMPT) + START_CHUNK + (chunks - 1) * PLAIN_CHUNK
     assert not [e for e in events if isinstance(e, SwitchEvent)]  # reading first is no switch
+
+
+class GivesUpAfter(PinnedPolicy):
+    """Plain decoding throughout; the model draft may pay until `chunks` plain chunks have been decoded."""
+
+    def __init__(self, chunks: int) -> None:
+        super().__init__(4)
+        self.chunks = chunks
+
+    def next_k(self) -> Decision:
+        return Decision(0, "scripted")
+
+    def observe(self, event) -> None:
+        self.chunks -= isinstance(event, PlainEvent)
+
+    def model_may_pay(self) -> bool:
+        return self.chunks > 0
+
+
+async def test_a_greedy_request_whose_draft_cannot_pay_stops_reading(served: Served) -> None:
+    drafter = SlowReader(served.model)
+    drafter.done_reading.set()
+    batches, events = await run(served, drafter, 40, policy=GivesUpAfter(chunks=2), warm_up=True)
+    assert sum(batches, []) == served.model.greedy(PROMPT, 40)
+    assert drafter.chunks_read == [len(PROMPT), len(PROMPT) + START_CHUNK]  # the two chunks, then no more
+    assert len(plain_events(events)) > 2 and len([e for e in events if isinstance(e, ReadEvent)]) == 2
+    assert len([e for e in events if isinstance(e, SwitchEvent)]) == 1 and not rounds(events)
+
+
+async def test_a_request_whose_model_may_not_draft_has_it_read_nothing(served: Served) -> None:
+    drafter = SlowReader(served.model, looks_up=True)
+    drafter.script = lambda context, k: []  # every lookup misses
+    batches, events = await run(served, drafter, 30, policy=GivesUpAfter(chunks=0), lookup_k=4, warm_up=True)
+    assert sum(batches, []) == served.model.greedy(PROMPT, 30) and plain_events(events)
+    assert drafter.reading is None and not drafter.chunks_read  # neither the prompt nor any chunk
