@@ -183,12 +183,16 @@ class RequestPolicy:
                for survived, reached, prior in zip(self._survived, self._reached, route, strict=True)]
         return survival(route[-1], own, self._settings.k_max)
 
+    def _best_if(self, curve: Sequence[float]) -> Decision:
+        """The rule at this request's costs and context, were its survival curve the given (optimistic) one."""
+        return choose_k(self._costs, self._settings, self._configured_k, alpha=None, alpha_rounds=0, speculating=True,
+                        pipelined=self._pipelined, context=self.context, curve=curve)
+
     def _hopeless(self) -> Decision | None:
         """Plain decoding when even accepting every draft would be slower at the measured costs, else None."""
         if self._costs.plain_rate is None:
             return None
-        best = choose_k(self._costs, self._settings, self._configured_k, alpha=1.0, alpha_rounds=0, speculating=True,
-                        pipelined=self._pipelined, context=self.context, curve=[1.0] * self._settings.k_max)
+        best = self._best_if([1.0] * self._settings.k_max)
         return replace(best, reason=f"even accepting every draft, {best.reason}") if best.k == PASSTHROUGH_K else None
 
     def model_may_pay(self) -> bool:
@@ -205,10 +209,7 @@ class RequestPolicy:
             return True
         optimistic = [upper_bound(s, r) if r else None for s, r in zip(self._survived, self._reached, strict=True)]
         alpha = upper_bound(self.accepted, self.drafted)
-        best = choose_k(self._costs, self._settings, self._configured_k, alpha=None, alpha_rounds=0, speculating=True,
-                        pipelined=self._pipelined, context=self.context,
-                        curve=survival(alpha, optimistic, self._settings.k_max))
-        return best.k != PASSTHROUGH_K
+        return self._best_if(survival(alpha, optimistic, self._settings.k_max)).k != PASSTHROUGH_K
 
     def next_k(self) -> Decision:
         """K for the next round; 0 to continue by plain decoding."""
