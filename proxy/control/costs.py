@@ -93,6 +93,7 @@ class RouteCosts:
     weight: float  # the EWMA weight of a new observation
     k_max: int  # positions tracked for α per position
     pipelined: bool = False  # the route's requests draft ahead while a round is verified
+    assumed = False  # costs are measured on the hardware the rounds run on
     alpha: Ewma = field(init=False)  # the model draft's
     lookup_alpha: Ewma = field(init=False)  # lookup drafts'
     lookup_survival: list[Ewma] = field(init=False)  # per position j: a lookup path was right up to j
@@ -101,7 +102,8 @@ class RouteCosts:
     draft_per_token: Ewma = field(init=False)
     verify_by_k: dict[int, Ewma] = field(init=False)
     context_by_k: dict[int, Ewma] = field(init=False)  # the context lengths those verifications saw
-    plain_per_token: Ewma = field(init=False)
+    plain_per_token: Ewma = field(init=False)  # target-only decoding with the draft model idle, as in passthrough
+    plain_reading_per_token: Ewma = field(init=False)  # ... while the draft model read along
     recent: deque[tuple[int, int, float]] = field(init=False)  # (k, context, seconds) of recent verifications
     context_slope: float = field(init=False)  # seconds a verification gains per token of context, refitted per round
 
@@ -115,6 +117,7 @@ class RouteCosts:
         self.verify_by_k = {}
         self.context_by_k = {}
         self.plain_per_token = Ewma(self.weight)
+        self.plain_reading_per_token = Ewma(self.weight)
         self.recent = deque(maxlen=RECENT_VERIFICATIONS)
         self.context_slope = 0.0
 
@@ -127,7 +130,7 @@ class RouteCosts:
                               costs=event.warm and event.candidates == 1, lookup=event.source != "model",
                               ahead_seconds_per_token=event.ahead_seconds_per_token, context=event.context)
         elif isinstance(event, PlainEvent) and not event.prefill:
-            self.record_plain(len(event.tokens), event.seconds)
+            self.record_plain(len(event.tokens), event.seconds, draft_busy=event.draft_busy)
         elif isinstance(event, ReadEvent):
             self.record_read(event.agreed)
 
@@ -168,10 +171,14 @@ class RouteCosts:
             estimate.add(fraction)
         self.alpha.add(float(np.mean(fractions)))  # a round's accepted / K averages its survival over positions
 
-    def record_plain(self, tokens: int, seconds: float) -> None:
-        """Target-only decoding: a passthrough answer or a plain chunk after a mid-stream switch."""
+    def record_plain(self, tokens: int, seconds: float, *, draft_busy: bool = False) -> None:
+        """Target-only decoding: a passthrough answer or a plain chunk, with the draft model idle or reading along.
+
+        The two are kept apart: on shared cores the draft's reading slows the target (that is the cost
+        of reading), and speculation must beat what plain decoding gets alone.
+        """
         if tokens >= MIN_PLAIN_TOKENS and seconds > 0:
-            self.plain_per_token.add(seconds / tokens)
+            (self.plain_reading_per_token if draft_busy else self.plain_per_token).add(seconds / tokens)
 
     def verified_sizes(self) -> int:
         """How many different K have a measured verification time."""
@@ -254,9 +261,15 @@ class RouteCosts:
 
     @property
     def plain_rate(self) -> float | None:
-        """Measured target-only tokens/s."""
+        """Measured target-only tokens/s with the draft model idle: what passthrough gets."""
         value = self.plain_per_token.value
         return 1.0 / value if value else None
+
+    def reading_slowdown(self) -> float | None:
+        """The share of the plain rate lost while the draft model reads along (about 0 where each has its own
+        device; None until both are measured)."""
+        alone, reading = self.plain_per_token.value, self.plain_reading_per_token.value
+        return 1.0 - alone / reading if alone and reading else None
 
     def plain_rate_estimate(self) -> float | None:
         """The plain rate, or until it is measured, one token per verification of no draft (a plain step)."""
@@ -273,17 +286,19 @@ class AssumedCosts(RouteCosts):
     costs describe, so a bench on this machine records the rounds that hardware would make.
     """
 
-    def __init__(self, weight: float, k_max: int, assumed: AssumedCostsConfig) -> None:
+    assumed = True
+
+    def __init__(self, weight: float, k_max: int, config: AssumedCostsConfig) -> None:
         super().__init__(weight, k_max, pipelined=False)  # the replayed cost model is sequential
-        self.assumed = assumed
-        self.draft_per_token = Ewma(1.0, assumed.draft_ms / 1000.0, 1)
-        self.plain_per_token = Ewma(1.0, assumed.plain_ms / 1000.0, 1)
+        self.config = config
+        self.draft_per_token = Ewma(1.0, config.draft_ms / 1000.0, 1)
+        self.plain_per_token = Ewma(1.0, config.plain_ms / 1000.0, 1)
 
     def record_round(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float, **kwargs: Any) -> None:
         """Acceptance only: the costs are assumed."""
         super().record_round(k, accepted, draft_seconds, verify_seconds, **{**kwargs, "costs": False})
 
-    def record_plain(self, tokens: int, seconds: float) -> None:
+    def record_plain(self, tokens: int, seconds: float, *, draft_busy: bool = False) -> None:
         """Nothing: the plain rate is assumed."""
 
     def verified_sizes(self) -> int:
@@ -292,5 +307,5 @@ class AssumedCosts(RouteCosts):
 
     def verify_time(self, k: int, context: int | None = None) -> float:
         """A round trip and a verification of k drafts and the bonus position, as assumed."""
-        a = self.assumed
+        a = self.config
         return (a.verify_ms_flat + a.verify_ms_per_token * (k + 1) + a.rtt_ms) / 1000.0

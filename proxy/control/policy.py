@@ -32,6 +32,9 @@ RESUME_MARGIN = 0.2
 # A model draft is given up for the rest of a request once even an optimistic reading of this many
 # drafted or read tokens of its own (each position's survival at its upper bound) predicts a loss.
 MIN_TOKENS_TO_GIVE_UP = 32
+# ... and once this many of its model rounds, timed end to end, ran slower than plain decoding: what the rule
+# predicts leaves out what it cannot see (on shared cores, a draft-ahead slowing the verification it overlaps).
+MIN_ROUNDS_TO_JUDGE = 8
 NOT_MEASURED = "not measured yet: speculating with the configured k"
 READING = "reading the target's first tokens before the first round"
 
@@ -124,6 +127,7 @@ class RequestPolicy:
         self.current = start  # the route's decision when the request started
         self.rounds = self.drafted = self.accepted = 0  # drafted and accepted: the model draft's
         self.reads = 0  # plain chunks the draft read: greedy rounds it would have made count as its own
+        self._timed_rounds, self._timed_tokens, self._timed_seconds = 0, 0, 0.0  # the model's rounds, as they ran
         self.context: int | None = None  # tokens so far, once an event said
         self._reached = [0] * settings.k_max  # per position: the model's rounds that drafted it
         self._survived = [0] * settings.k_max  # ... and accepted it and every draft before it
@@ -132,7 +136,7 @@ class RequestPolicy:
     def observe(self, event: Event) -> None:
         """Count this request's rounds (the model's acceptance apart) and its lookups."""
         if isinstance(event, PlainEvent):
-            self._measured_plain |= not event.prefill
+            self._measured_plain |= not (event.prefill or event.draft_busy)
             if self.context is not None:
                 self.context += len(event.tokens)
         if isinstance(event, ReadEvent):
@@ -140,6 +144,10 @@ class RequestPolicy:
         if isinstance(event, RoundEvent):
             self.context = event.context + len(event.emitted)
             self.rounds += 1
+            if event.source == "model" and event.warm:
+                self._timed_rounds += 1
+                self._timed_tokens += len(event.emitted)
+                self._timed_seconds += event.draft_seconds + event.verify_seconds
             if event.source == "model":
                 self.drafted += len(event.drafted)
                 self.accepted += event.accepted
@@ -195,16 +203,26 @@ class RequestPolicy:
         best = self._best_if([1.0] * self._settings.k_max)
         return replace(best, reason=f"even accepting every draft, {best.reason}") if best.k == PASSTHROUGH_K else None
 
+    def _measured_loss(self) -> Decision | None:
+        """Plain decoding once this request's own model rounds ran slower than plain decoding, else None."""
+        plain = self._costs.plain_rate
+        if self._forced or self._costs.assumed or plain is None or self._timed_rounds < MIN_ROUNDS_TO_JUDGE:
+            return None  # assumed costs describe other hardware than the one the rounds ran on
+        rate = self._timed_tokens / self._timed_seconds
+        if rate >= plain * (1.0 - self._settings.hysteresis):
+            return None
+        return Decision(PASSTHROUGH_K, f"drafting ran at {rate:.1f} tok/s vs {plain:.1f} tok/s plain", plain, plain)
+
     def model_may_pay(self) -> bool:
         """Whether the model draft could still beat plain decoding on this request, so its reading along is worth it.
 
         False on a lookup route that has turned the model off, unless this request probes it (reading
         is exploring), and once even this request's own survival curve at its upper bounds predicts a
-        loss at every K: the text is not one the draft predicts, and on shared cores reading it slows
-        the target.
+        loss at every K (the text is not one the draft predicts, and on shared cores reading it slows
+        the target), or once its model rounds, timed as they ran, were slower than plain decoding.
         """
-        if not self._explore:
-            return False  # see _reads_along
+        if not self._explore or self._measured_loss() is not None:
+            return False  # not exploring (see _reads_along), or its drafting lost as it ran
         if self._forced or self._costs.plain_rate is None or self.drafted < MIN_TOKENS_TO_GIVE_UP:
             return True
         optimistic = [upper_bound(s, r) if r else None for s, r in zip(self._survived, self._reached, strict=True)]
@@ -227,6 +245,9 @@ class RequestPolicy:
                 return hopeless  # one round measured the costs: exploring acceptance cannot change the answer
             # A probe starts from a route in passthrough (k = 0): it explores at the configured k.
             return Decision(self.current.k or (self._configured_k if self._explore else 0), self.current.reason)
+        if (lost := self._measured_loss()) is not None:
+            self.current = lost
+            return lost
         alpha = self.accepted / self.drafted if self.drafted else self._costs.alpha.value
         rounds = evidence if self.drafted else self._costs.alpha.samples
         self.current = choose_k(self._costs, self._settings, self._configured_k, alpha=alpha, alpha_rounds=rounds,

@@ -107,6 +107,7 @@ class RouteController:
             "draft_seconds_per_token": costs.draft_per_token.value,
             "verify_seconds_by_k": {k: e.value for k, e in sorted(costs.verify_by_k.items())},
             "plain_tokens_per_second": costs.plain_rate,
+            "reading_slowdown": costs.reading_slowdown(),
             "predicted_tokens_per_second_by_k": {k: costs.speculative_rate(k) for k in range(s.k_min, s.k_max + 1)},
             "assumed_costs": s.assume_costs.model_dump() if s.assume_costs else None,
         }

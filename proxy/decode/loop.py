@@ -6,8 +6,9 @@ request's policy. When the drafter finds nothing worth verifying, the target dec
 plainly instead of verifying an empty draft, and the loop looks again. While a round is being
 verified, the next one is drafted ahead when the request pipelines (`proxy.decode.ahead`). While
 the draft model reads the prompt, the target decodes the first tokens plainly instead of idling
-(the two work at the same time; the prompt's prefill is then hidden on both sides). It calls
-nothing above it.
+(the two work at the same time; the prompt's prefill is then hidden on both sides). On a fresh
+route the chunk that measures plain decoding comes before any reading, which would slow it where
+the two share cores. It calls nothing above it.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ async def speculative_tokens(session: Session, drafter: Drafter, target: Target)
     is_end = drafter.vocabulary.is_end_of_generation
     produced = 0
     try:
-        rounds.start_reading()
         while produced < session.max_tokens:
             remaining = session.max_tokens - produced
             decision = session.policy.next_k()
@@ -60,6 +60,8 @@ async def speculative_tokens(session: Session, drafter: Drafter, target: Target)
                 async for tokens in plain_tokens(session, target, rounds.context, remaining):
                     yield tokens
                 return
+            if not decision.measure_plain:  # the draft's reading would slow the chunk that measures plain decoding
+                rounds.start_reading()
             emitted = await rounds.step(decision, remaining)
             if not emitted:
                 return
@@ -87,6 +89,7 @@ class _Rounds:
         self.resumes = session.warm_up and session.params.greedy and session.policy.model_may_pay()
         self.reading: asyncio.Future[None] | None = None  # the draft model's reading in flight (the last of a chain)
         self.reading_prompt: asyncio.Future[None] | None = None  # the chain's first: the prompt
+        self.started_reading = False
         self.switched = False  # a SwitchEvent was published
 
     def over_tv(self) -> bool:
@@ -94,8 +97,11 @@ class _Rounds:
         return self.worst_tv > self.session.max_tv
 
     def start_reading(self) -> None:
-        """Have the draft model read the prompt in the background, when the request warms up that way and the model
-        may draft for it."""
+        """Have the draft model read the prompt in the background, once, when the request warms up that way and the
+        model may draft for it."""
+        if self.started_reading:
+            return
+        self.started_reading = True
         if (self.reads and self.session.policy.model_may_pay()
                 and (pending := self.drafter.prefill(self.session.request_id, self.context))):
             self.reading = self.reading_prompt = asyncio.ensure_future(_quietly(pending, "reading the prompt"))
@@ -148,7 +154,10 @@ class _Rounds:
         reading_prompt = not self.prompt_read()
         if decision.k == 0 and (decision.measure_plain or not self.drafter.looks_up):
             self._switch(decision)
-            return await self._plain(min(START_CHUNK if reading_prompt else PLAIN_CHUNK, remaining))
+            # The chunk straight after the prompt pays its prefill and measures nothing: short, so tokens come soon.
+            at_prompt = len(self.context) == len(session.prompt_ids)
+            return await self._plain(min(START_CHUNK if reading_prompt or at_prompt else PLAIN_CHUNK, remaining),
+                                     read=not decision.measure_plain)
         if reading_prompt and not self.drafter.looks_up:  # the target goes on while the draft reads the prompt
             return await self._plain(min(START_CHUNK, remaining))
         # A round emits up to k + 1 tokens; the last round still drafts one so every token goes
@@ -203,8 +212,9 @@ class _Rounds:
     async def _plain(self, n: int, *, lookup_missed: bool = False, declined: tuple[int, ...] = (),
                      read: bool = True) -> tuple[int, ...]:
         """A chunk of up to n tokens decoded by the target, up to the end of generation; the draft reads it if asked."""
+        busy = self.reading is not None and not self.reading.done()
         tokens = await plain_chunk(self.session, self.target, self.context, n, lookup_missed=lookup_missed,
-                                   declined=declined)
+                                   declined=declined, draft_busy=busy)
         tokens = _until_end(tuple(tokens), self.drafter.vocabulary.is_end_of_generation)
         if self.reads and read and tokens:
             self._read(tokens)

@@ -13,12 +13,14 @@ PLAIN_CHUNK = 8  # tokens per plain-decoding call after a switch
 
 
 async def plain_chunk(session: Session, target: Target, context: list[int], n: int, *,
-                      lookup_missed: bool = False, declined: tuple[int, ...] = ()) -> list[int]:
+                      lookup_missed: bool = False, declined: tuple[int, ...] = (),
+                      draft_busy: bool = False) -> list[int]:
     """Up to n tokens decoded by the target after context, published as a PlainEvent."""
     started = time.perf_counter()
     tokens = await target.generate(context, n, session.params, session.target_seed(), session.client_headers)
     session.publish(PlainEvent(session.request_id, session.route, tuple(tokens), time.perf_counter() - started,
-                               lookup_missed, declined, prefill=len(context) == len(session.prompt_ids)))
+                               lookup_missed, declined, prefill=len(context) == len(session.prompt_ids),
+                               draft_busy=draft_busy))
     return tokens
 
 

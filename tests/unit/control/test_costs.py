@@ -56,6 +56,16 @@ def test_events_feed_the_measurements_and_the_first_round_pays_no_costs() -> Non
     assert costs.plain_rate == pytest.approx(20.0)
 
 
+def test_chunks_decoded_while_the_draft_read_along_measure_the_reading_not_the_plain_rate() -> None:
+    costs = RouteCosts(1.0, 8)
+    costs.observe(PlainEvent("r", "route", tuple(range(8)), 1.0, draft_busy=True))  # 8 tok/s while reading
+    assert costs.plain_rate is None and costs.reading_slowdown() is None
+    costs.observe(PlainEvent("r", "route", tuple(range(8)), 0.8))  # 10 tok/s alone
+    assert costs.plain_rate == pytest.approx(10.0) and costs.reading_slowdown() == pytest.approx(0.2)
+    costs.record_plain(8, 0.8, draft_busy=True)  # a draft on a device of its own costs the target nothing
+    assert costs.plain_rate == pytest.approx(10.0) and costs.reading_slowdown() == pytest.approx(0.0)
+
+
 def test_a_first_round_after_plain_chunks_pays_no_prefill_and_measures_the_costs() -> None:
     costs = RouteCosts(0.5, 8)
     costs.observe(replace(round_event(0, 4, 2), prefill=False))

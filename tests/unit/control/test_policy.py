@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config.schema import FallbackConfig
-from proxy.control.costs import RouteCosts
+from proxy.config.schema import AssumedCostsConfig, FallbackConfig
+from proxy.control.costs import AssumedCosts, RouteCosts
 from proxy.control.policy import (
     MIN_ROUNDS_BEFORE_SWITCH,
+    MIN_ROUNDS_TO_JUDGE,
     MIN_TOKENS_TO_GIVE_UP,
     Decision,
     PinnedPolicy,
@@ -234,3 +235,24 @@ def test_a_request_gives_the_model_draft_up_once_it_could_not_pay_even_optimisti
         policy.observe(read_event(chunk))
     assert policy.model_may_pay() == may_pay
     assert PinnedPolicy(4).model_may_pay()
+
+
+@pytest.mark.parametrize(("round_s", "assumed", "drafts"), [
+    (0.5, False, False),  # 5 tokens per 0.5 s ran at 10 tok/s against 20 plain: the model draft is given up
+    (0.1, False, True),  # the control: rounds that ran as predicted (50 tok/s) go on
+    (0.5, True, True),  # assumed costs describe other hardware: this machine's timings do not judge them
+])
+def test_a_request_gives_the_model_draft_up_once_its_rounds_ran_slower_than_plain(round_s: float, assumed: bool,
+                                                                                   drafts: bool) -> None:
+    costs = RouteCosts(0.1, 4)
+    if assumed:
+        costs = AssumedCosts(0.1, 4, AssumedCostsConfig(draft_ms=0, verify_ms_flat=100, plain_ms=50))
+    feed_rounds(costs, 4, 4, draft_s=0.0, verify_s=0.10)  # what the rule predicts from: 50 tok/s
+    costs.record_plain(tokens=100, seconds=100 * 0.05)  # 20 tok/s plain
+    policy = RequestPolicy(costs, FallbackConfig(k_min=4, k_max=4), 4, Decision(4, "start"))
+    for index in range(1, MIN_ROUNDS_TO_JUDGE + 1):
+        assert policy.next_k().k == 4
+        policy.observe(round_event(index, 4, 4, draft_s=round_s / 2, verify_s=round_s / 2))  # as the rounds ran
+    decision = policy.next_k()
+    assert (decision.k == 4) == drafts and policy.model_may_pay() == drafts
+    assert ("drafting ran at 10.0 tok/s" in decision.reason) == (not drafts)

@@ -13,7 +13,7 @@ from proxy.decode.loop import START_CHUNK
 from proxy.decode.plain import PLAIN_CHUNK
 from proxy.sampling.processors import SamplingParams
 from tests.fakes.drafter import ScriptedDrafter
-from tests.fakes.toy_model import ToyModel
+from tests.fakes.toy_model import END, ToyModel
 from tests.unit.decode.harness import PROMPT, Served, follow, rounds, run
 
 
@@ -63,6 +63,7 @@ async def test_the_target_decodes_plainly_until_the_draft_has_read_the_prompt(se
     chunks = plain_events(events)  # the reading ends as the second chunk comes back: the loop may start a third
     assert len(chunks) in (2, 3) and [len(b) for b in batches[:len(chunks)]] == [START_CHUNK] * len(chunks)
     assert [e.prefill for e in chunks] == [True] + [False] * (len(chunks) - 1)
+    assert chunks[0].draft_busy and chunks[1].draft_busy  # decoded while the draft read the prompt
     # The draft reads the chunks, in order, then drafts after them; a greedy draft's reading says what it would
     # have drafted before each token (here: the target's own choice).
     assert drafter.chunks_read == [len(PROMPT) + START_CHUNK * i for i in range(len(chunks))]
@@ -73,6 +74,9 @@ async def test_the_target_decodes_plainly_until_the_draft_has_read_the_prompt(se
 
 
 async def test_a_sampled_requests_reading_says_nothing_of_its_drafts(served: Served) -> None:
+    # Where chunks end depends on timing, and so what a seeded request samples: with no end token it outlasts the
+    # reading whatever it samples.
+    served.model.table[:, :, END] = -1e9
     drafter = SlowReader(served.model)
     _, events = await run(served, drafter, 30, policy=ReadAfter(4, drafter, chunks=2), warm_up=True,
                           params=SamplingParams(temperature=1.0))
@@ -154,17 +158,21 @@ async def test_a_sampled_request_switches_for_good(served: Served) -> None:
     assert not rounds(events) and not drafter.calls and not drafter.chunks_read
 
 
-async def test_on_a_fresh_route_a_greedy_request_reads_two_chunks_before_its_first_round(served: Served) -> None:
+async def test_on_a_fresh_route_a_greedy_request_measures_plain_decoding_then_reads_two_chunks(served: Served) -> None:
     drafter = SlowReader(served.model)
     drafter.done_reading.set()
     policy = RequestPolicy(RouteCosts(0.1, 4), FallbackConfig(k_min=4, k_max=4), 4, Decision(4, "not measured"),
                            reads_along=True)
-    batches, events = await run(served, drafter, 40, policy=policy, warm_up=True)
-    assert sum(batches, []) == served.model.greedy(PROMPT, 40)
+    batches, events = await run(served, drafter, 60, policy=policy, warm_up=True)
+    assert sum(batches, []) == served.model.greedy(PROMPT, 60)
+    chunks = plain_events(events[: events.index(rounds(events)[0])])
+    # The prefill's chunk measures nothing, the next one the plain rate, with the draft idle: neither is read.
+    measuring, read = chunks[:2], chunks[2:]
+    assert [len(e.tokens) for e in measuring] == [START_CHUNK, PLAIN_CHUNK] and not any(e.draft_busy for e in measuring)
+    assert drafter.chunks_read[0] == len(PROMPT) + START_CHUNK + PLAIN_CHUNK
     # Each chunk is read while the target decodes the next, so the decision may see one chunk fewer.
-    chunks = len(plain_events(events[: events.index(rounds(events)[0])]))
-    assert chunks in (2, 3) and drafter.calls[0][0] == len(PROMPT) + START_CHUNK + (chunks - 1) * PLAIN_CHUNK
-    assert not [e for e in events if isinstance(e, SwitchEvent)]  # reading first is no switch
+    assert len(read) in (2, 3) and drafter.calls[0][0] == len(PROMPT) + sum(len(e.tokens) for e in chunks)
+    assert not [e for e in events if isinstance(e, SwitchEvent)]  # measuring and reading first is no switch
 
 
 class GivesUpAfter(PinnedPolicy):
