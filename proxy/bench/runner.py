@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -21,6 +21,7 @@ from proxy.bench.workloads import Prompt, Workload
 
 MAX_PINNED_K = 32  # the proxy's limit (proxy.wire.control.MAX_PINNED_K)
 WARMUP_TOKENS = 4
+WARMUP_TEXT = "Say hello."  # in no workload: a warm-up that cached a measured prompt would spare one side its prefill
 
 
 @dataclass(frozen=True)
@@ -125,9 +126,17 @@ async def probe(session: aiohttp.ClientSession, direct: str, proxy: str, model: 
 async def warm_up(session: aiohttp.ClientSession, workload: Workload, modes: Iterable[Mode | None],
                   endpoints: Endpoints, times: int) -> None:
     """Uncounted short requests on every path, so first-request costs (loading, caches) stay out of the figures."""
+    prompt = warm_up_prompt(workload)
     for _ in range(times):
         for mode in modes:
-            await stream(session, *request_for(endpoints, workload.prompts[0], mode, WARMUP_TOKENS), endpoints.timeout_s)
+            await stream(session, *request_for(endpoints, prompt, mode, WARMUP_TOKENS), endpoints.timeout_s)
+
+
+def warm_up_prompt(workload: Workload) -> Prompt:
+    """A short request to the workload's endpoint that shares no prompt with it."""
+    first = workload.prompts[0]
+    messages = ({"role": "user", "content": WARMUP_TEXT},) if first.messages is not None else None
+    return replace(first, text=None if messages else WARMUP_TEXT, messages=messages, max_tokens=WARMUP_TOKENS)
 
 
 async def run(jobs: Sequence[Job], modes: Sequence[Mode], endpoints: Endpoints, *, warmup: int = 1,

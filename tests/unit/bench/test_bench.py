@@ -181,6 +181,17 @@ def test_request_body_carries_the_mode(mode: str, field: dict | None) -> None:
     assert url.startswith("http://proxy/") and body.get("speculoos") == field
 
 
+@pytest.mark.parametrize("name", builtin_names())
+def test_the_warm_up_goes_to_the_workloads_endpoint_with_a_prompt_of_its_own(name: str) -> None:
+    """Requests alternate which side goes first and pays the prompt's prefill: a warm-up that cached one would
+    spare a side."""
+    workload = load(name)
+    warm_up = runner.warm_up_prompt(workload)
+    assert warm_up.path == workload.prompts[0].path and warm_up.max_tokens == runner.WARMUP_TOKENS
+    assert all(warm_up.body("m") != prompt.body("m", runner.WARMUP_TOKENS) for prompt in workload.prompts)
+    assert all(runner.WARMUP_TEXT not in json.dumps(prompt.body("m")) for prompt in workload.prompts)
+
+
 def test_schedule_interleaves_and_rotates() -> None:
     workload = load("code_completion")
     modes = runner.parse_modes("auto,k=2,off")
