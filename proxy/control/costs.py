@@ -1,7 +1,8 @@
 """Route-shared measurements: α, draft time per token, verification time by K, and the plain rate.
 
 Costs are measured: verification time as a function of K is flat on a GPU and steep on a CPU,
-and the plain rate comes from real passthrough requests and plain chunks. Every request on the
+and the plain rate comes from real passthrough requests and plain chunks decoded while the draft
+model was idle (reading along, on shared cores, slows the target). Every request on the
 route feeds them; none of them decides anything. Only a bench assumes them (AssumedCosts), to
 record on this machine the rounds a route would make on other hardware.
 """
@@ -267,7 +268,8 @@ class RouteCosts:
 
     def reading_slowdown(self) -> float | None:
         """The share of the plain rate lost while the draft model reads along (about 0 where each has its own
-        device; None until both are measured)."""
+        device; None until both are measured). Read chunks are often shorter, so a call's overhead counts a
+        little more in them."""
         alone, reading = self.plain_per_token.value, self.plain_reading_per_token.value
         return 1.0 - alone / reading if alone and reading else None
 

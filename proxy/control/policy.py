@@ -121,7 +121,7 @@ class RequestPolicy:
         # on a lookup route that turned its model off does not read, unless it probes the model.
         self._reads_along = reads_along and explore
         self._pipelined = pipelined  # whether this request drafts ahead (None: as the route does)
-        self._measured_plain = False  # this request has decoded a plain chunk (which measures the plain rate)
+        self._measured_plain = False  # this request decoded a plain chunk after the prefill with its draft idle
         self._forced = forced  # the client asked to speculate: never switch to plain decoding
         self._explore = explore  # a route in passthrough: try the configured K for the first rounds
         self.current = start  # the route's decision when the request started
@@ -144,11 +144,11 @@ class RequestPolicy:
         if isinstance(event, RoundEvent):
             self.context = event.context + len(event.emitted)
             self.rounds += 1
-            if event.source == "model" and event.warm:
-                self._timed_rounds += 1
-                self._timed_tokens += len(event.emitted)
-                self._timed_seconds += event.draft_seconds + event.verify_seconds
             if event.source == "model":
+                if event.warm:  # a round that paid the prompt's prefill says nothing of drafting's speed
+                    self._timed_rounds += 1
+                    self._timed_tokens += len(event.emitted)
+                    self._timed_seconds += event.draft_seconds + event.verify_seconds
                 self.drafted += len(event.drafted)
                 self.accepted += event.accepted
                 for position in range(min(len(event.drafted), len(self._reached))):
@@ -206,7 +206,8 @@ class RequestPolicy:
     def _measured_loss(self) -> Decision | None:
         """Plain decoding once this request's own model rounds ran slower than plain decoding, else None."""
         plain = self._costs.plain_rate
-        if self._forced or self._costs.assumed or plain is None or self._timed_rounds < MIN_ROUNDS_TO_JUDGE:
+        if (self._forced or self._costs.assumed or plain is None or self._timed_rounds < MIN_ROUNDS_TO_JUDGE
+                or self._timed_seconds <= 0):
             return None  # assumed costs describe other hardware than the one the rounds ran on
         rate = self._timed_tokens / self._timed_seconds
         if rate >= plain * (1.0 - self._settings.hysteresis):
@@ -233,8 +234,9 @@ class RequestPolicy:
         """K for the next round; 0 to continue by plain decoding."""
         evidence = self._evidence()
         if self._costs.plain_rate is None and not self._measured_plain and not self._forced:
-            # A fresh route does not know what speculation competes with: a plain chunk after the
-            # prefill measures that before the first round, so one round can tell whether any could pay.
+            # A fresh route does not know what speculation competes with: plain chunks (the prefill's, then
+            # one with the draft idle) measure that before the first round, so one round can tell whether any
+            # could pay.
             return Decision(PASSTHROUGH_K, "measuring the plain rate before deciding", measure_plain=True)
         if evidence < MIN_ROUNDS_BEFORE_SWITCH:
             if self._reads_along and not (self.current.k > 0 and self.current.plain_rate is not None):

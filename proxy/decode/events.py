@@ -52,8 +52,8 @@ class PlainEvent:
     lookup_missed: bool = False  # a lookup found nothing worth verifying; speculation resumes after the chunk
     declined: tuple[int, ...] = ()  # the lookup path found but not verified, to compare with what the target said
     prefill: bool = False  # the chunk came straight after the prompt: its time includes the prompt's prefill
-    # The draft model was reading when the chunk started: where it shares the target's cores it slows the target,
-    # so such a chunk does not measure what plain decoding alone gets.
+    # This request's draft model was reading when the chunk started: where it shares the target's cores it slows
+    # the target, so such a chunk does not measure what plain decoding alone gets.
     draft_busy: bool = False
 
 

@@ -34,7 +34,7 @@ from proxy.targets.base import Target
 
 log = structlog.get_logger("speculoos.loop")
 T = TypeVar("T")
-START_CHUNK = 4  # plain tokens per target call while the draft model reads the prompt
+START_CHUNK = 4  # plain tokens per target call while the draft model reads the prompt, or straight after it
 
 
 async def speculative_tokens(session: Session, drafter: Drafter, target: Target) -> AsyncIterator[list[int]]:
@@ -57,6 +57,7 @@ async def speculative_tokens(session: Session, drafter: Drafter, target: Target)
                 reason = decision.reason if decision.k == 0 else f"error bound {rounds.worst_tv:.3g} above max_tv"
                 if not rounds.switched:
                     session.publish(SwitchEvent(session.request_id, session.route, reason))
+                await rounds.stop_drafting()  # a reading still in flight would slow, and so mismeasure, the chunks
                 async for tokens in plain_tokens(session, target, rounds.context, remaining):
                     yield tokens
                 return
@@ -103,7 +104,7 @@ class _Rounds:
             return
         self.started_reading = True
         if (self.reads and self.session.policy.model_may_pay()
-                and (pending := self.drafter.prefill(self.session.request_id, self.context))):
+                and (pending := self.drafter.prefill(self.session.request_id, list(self.context)))):
             self.reading = self.reading_prompt = asyncio.ensure_future(_quietly(pending, "reading the prompt"))
 
     def _read(self, tokens: tuple[int, ...]) -> None:
@@ -155,8 +156,8 @@ class _Rounds:
         if decision.k == 0 and (decision.measure_plain or not self.drafter.looks_up):
             self._switch(decision)
             # The chunk straight after the prompt pays its prefill and measures nothing: short, so tokens come soon.
-            at_prompt = len(self.context) == len(session.prompt_ids)
-            return await self._plain(min(START_CHUNK if reading_prompt or at_prompt else PLAIN_CHUNK, remaining),
+            short = reading_prompt or session.at_prompt(self.context)
+            return await self._plain(min(START_CHUNK if short else PLAIN_CHUNK, remaining),
                                      read=not decision.measure_plain)
         if reading_prompt and not self.drafter.looks_up:  # the target goes on while the draft reads the prompt
             return await self._plain(min(START_CHUNK, remaining))
@@ -199,7 +200,7 @@ class _Rounds:
             session.request_id, session.route, self.index, asked, followed, accepted, emitted, drafted_at - started,
             time.perf_counter() - drafted_at, tv_bound, draft.source, 1 + len(draft.alternatives), draft.declined,
             drafted_ahead=ahead is not None, ahead_seconds_per_token=ahead.seconds_per_token if ahead else None,
-            ahead_hit=hit, context=len(self.context), prefill=len(self.context) == len(session.prompt_ids)))
+            ahead_hit=hit, context=len(self.context), prefill=session.at_prompt(self.context)))
         self.index += 1
         return emitted
 

@@ -19,7 +19,7 @@ async def plain_chunk(session: Session, target: Target, context: list[int], n: i
     started = time.perf_counter()
     tokens = await target.generate(context, n, session.params, session.target_seed(), session.client_headers)
     session.publish(PlainEvent(session.request_id, session.route, tuple(tokens), time.perf_counter() - started,
-                               lookup_missed, declined, prefill=len(context) == len(session.prompt_ids),
+                               lookup_missed, declined, prefill=session.at_prompt(context),
                                draft_busy=draft_busy))
     return tokens
 

@@ -87,6 +87,10 @@ class Session:
         return DraftPlan(k, self.params, self.order, self.top_n, self.random.draft_stream(), self.request_id,
                          min(self.lookup_k or k, cap), self.policy.lookup_length)
 
+    def at_prompt(self, context: Sequence[int]) -> bool:
+        """Whether context is the prompt alone: what is evaluated next pays the prompt's prefill."""
+        return len(context) == len(self.prompt_ids)
+
     def target_seed(self) -> int:
         """A seed for the next draw the server makes."""
         return int(self.random.target.integers(SEED_BOUND))
