@@ -43,7 +43,7 @@ def run_bench(stack, kind: str, args: argparse.Namespace) -> dict:
                "--model", kind, "--route", kind, "--modes", "auto", "--workloads", args.workloads,
                "--prompts", str(args.prompts), "--repeat", "1", "--max-tokens", str(args.max_tokens),
                "--json", str(document), "--record-trace", str(args.out / f"{kind}-trace.json"),
-               "--markdown", str(args.out / f"{kind}.md")]
+               "--markdown", str(args.out / f"{kind}.md"), *(["--prime"] if args.prime else [])]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     return json.loads(document.read_text())
 
@@ -58,6 +58,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--ks", default="0,1,2,4,8,16,32")
     parser.add_argument("--anchor", action="store_true", help="also measure llama-cpp-python's prompt lookup")
+    parser.add_argument("--prime", action="store_true", help="cache each prompt in the target before its pair "
+                                                              "(speculoos bench --prime): the figures compare decoding")
     parser.add_argument("--simulate-gpu", action="store_true",
                         help="decide with the GPU regime's costs and replay the traces under them (SIMULATION)")
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "drafts")

@@ -42,6 +42,9 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
                        help="proxy modes: auto, on, off, k=N; a /seq suffix (k=4/seq) turns draft-ahead off "
                             f"(default {DEFAULT_MODES})")
     bench.add_argument("--warmup", type=int, default=1, help="uncounted warm-up requests per path (default 1)")
+    bench.add_argument("--prime", action="store_true",
+                       help="cache each prompt in the target first (an uncounted 1-token request straight to it), so "
+                            "neither side pays its prefill and the figures compare decoding (one at a time only)")
     bench.add_argument("--concurrency", type=int, default=1, metavar="N",
                        help="send N streams at once per path and report aggregate tokens/s (default 1: one at a time)")
     bench.add_argument("--timeout", type=float, default=600.0, help="seconds of silence before a request fails (default 600)")
@@ -109,7 +112,7 @@ async def _measure(args: argparse.Namespace, workloads: list, modes: list[runner
         results: list = await concurrent.run(bursts, modes, endpoints, warmup=args.warmup)
     else:
         jobs = runner.schedule(workloads, args.prompts, args.repeat, modes)
-        results = await runner.run(jobs, modes, endpoints, warmup=args.warmup)
+        results = await runner.run(jobs, modes, endpoints, warmup=args.warmup, prime=args.prime)
     async with aiohttp.ClientSession() as session:
         status = await get_json(session, proxy + "/speculoos/status", "the proxy (--proxy)")
     return results, status, model
@@ -133,6 +136,8 @@ def _bench(args: argparse.Namespace) -> int:
     if args.prompts < 1 or args.repeat < 1 or args.concurrency < 1 or (args.max_tokens is not None
                                                                        and args.max_tokens < 1):
         raise BenchError("--prompts, --repeat, --concurrency and --max-tokens must be positive")
+    if args.prime and args.concurrency > 1:
+        raise BenchError("--prime primes requests sent one at a time; drop it or --concurrency")
     try:
         modes = runner.parse_modes(args.modes)
     except ValueError as exc:
@@ -144,7 +149,7 @@ def _bench(args: argparse.Namespace) -> int:
     config = {"direct": _base(args.direct), "proxy": _base(args.proxy), "model": model,
               "route": route.get("route") if route else None, "workloads": [w.name for w in workloads],
               "prompts": args.prompts, "repeat": args.repeat, "max_tokens": args.max_tokens,
-              "modes": [m.name for m in modes], "warmup": args.warmup, "concurrency": args.concurrency}
+              "modes": [m.name for m in modes], "warmup": args.warmup, "prime": args.prime, "concurrency": args.concurrency}
     title = (f"speculoos bench — {model}: direct {config['direct']} vs proxy {config['proxy']}, "
              f"{args.prompts} prompts × {args.repeat} repetitions per workload")
     if args.concurrency > 1:

@@ -139,16 +139,31 @@ def warm_up_prompt(workload: Workload) -> Prompt:
     return replace(first, text=None if messages else WARMUP_TEXT, messages=messages, max_tokens=WARMUP_TOKENS)
 
 
+def primed(jobs: Sequence[Job]) -> set[int]:
+    """The jobs before which their prompt is primed: each one whose prompt the job before did not send."""
+    return {i for i, job in enumerate(jobs)
+            if i == 0 or (jobs[i - 1].workload.name, jobs[i - 1].prompt) != (job.workload.name, job.prompt)}
+
+
 async def run(jobs: Sequence[Job], modes: Sequence[Mode], endpoints: Endpoints, *, warmup: int = 1,
+              prime: bool = False,
               progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> list[Sample]:
-    """Warm every path up (uncounted), then run the jobs one at a time."""
+    """Warm every path up (uncounted), then run the jobs one at a time.
+
+    With prime, an uncounted one-token request straight to the target first caches each prompt there,
+    so neither side of a pair pays its prefill (otherwise whichever goes first does) and the figures
+    compare decoding.
+    """
     by_name: dict[str, Mode | None] = {DIRECT: None, **{m.name: m for m in modes}}
+    primes = primed(jobs) if prime else set()
     samples = []
     async with aiohttp.ClientSession() as session:
         if jobs and warmup:
             await warm_up(session, jobs[0].workload, by_name.values(), endpoints, warmup)
         for i, job in enumerate(jobs, 1):
             prompt = job.workload.prompts[job.prompt]
+            if i - 1 in primes:
+                await stream(session, *request_for(endpoints, prompt, None, 1), endpoints.timeout_s)
             url, body = request_for(endpoints, prompt, by_name[job.target], endpoints.max_tokens)
             sample = sample_of(job, await stream(session, url, body, endpoints.timeout_s))
             samples.append(sample)
