@@ -192,11 +192,11 @@ def test_the_warm_up_goes_to_the_workloads_endpoint_with_a_prompt_of_its_own(nam
     assert all(runner.WARMUP_TEXT not in json.dumps(prompt.body("m")) for prompt in workload.prompts)
 
 
-def test_each_prompt_is_primed_once_before_its_first_request() -> None:
+def test_each_prompt_is_primed_before_its_requests_unless_the_one_before_sent_it() -> None:
     workload = load("code_completion")
     jobs = runner.schedule([workload], prompts=3, repeat=2, modes=runner.parse_modes("auto"))
     primes = runner.primed(jobs)
-    assert [jobs[i].prompt for i in sorted(primes)] == sorted({job.prompt for job in jobs})
+    assert [(jobs[i].repetition, jobs[i].prompt) for i in sorted(primes)] == [(r, p) for r in range(2) for p in range(3)]
     assert all(jobs[i - 1].prompt == jobs[i].prompt for i in range(1, len(jobs)) if i not in primes)
 
 
