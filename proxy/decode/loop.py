@@ -57,7 +57,9 @@ async def speculative_tokens(session: Session, drafter: Drafter, target: Target)
                 reason = decision.reason if decision.k == 0 else f"error bound {rounds.worst_tv:.3g} above max_tv"
                 if not rounds.switched:
                     session.publish(SwitchEvent(session.request_id, session.route, reason))
-                await rounds.stop_drafting()  # a reading still in flight would slow, and so mismeasure, the chunks
+                # The reading in flight ends first: what it finds still counts, and it would slow (and so
+                # mismeasure) the plain chunks.
+                await rounds.caught_up()
                 async for tokens in plain_tokens(session, target, rounds.context, remaining):
                     yield tokens
                 return
