@@ -149,7 +149,8 @@ def _bench(args: argparse.Namespace) -> int:
     config = {"direct": _base(args.direct), "proxy": _base(args.proxy), "model": model,
               "route": route.get("route") if route else None, "workloads": [w.name for w in workloads],
               "prompts": args.prompts, "repeat": args.repeat, "max_tokens": args.max_tokens,
-              "modes": [m.name for m in modes], "warmup": args.warmup, "prime": args.prime, "concurrency": args.concurrency}
+              "modes": [m.name for m in modes], "warmup": args.warmup, "prime": args.prime,
+              "concurrency": args.concurrency}
     title = (f"speculoos bench — {model}: direct {config['direct']} vs proxy {config['proxy']}, "
              f"{args.prompts} prompts × {args.repeat} repetitions per workload")
     if args.concurrency > 1:

@@ -34,7 +34,7 @@ from proxy.targets.base import Target
 
 log = structlog.get_logger("speculoos.loop")
 T = TypeVar("T")
-START_CHUNK = 4  # plain tokens per target call while the draft model reads the prompt, or straight after it
+START_CHUNK = 4  # plain tokens per target call while the draft model reads the prompt, and right after the prompt
 
 
 async def speculative_tokens(session: Session, drafter: Drafter, target: Target) -> AsyncIterator[list[int]]:

@@ -196,7 +196,8 @@ def test_each_prompt_is_primed_before_its_requests_unless_the_one_before_sent_it
     workload = load("code_completion")
     jobs = runner.schedule([workload], prompts=3, repeat=2, modes=runner.parse_modes("auto"))
     primes = runner.primed(jobs)
-    assert [(jobs[i].repetition, jobs[i].prompt) for i in sorted(primes)] == [(r, p) for r in range(2) for p in range(3)]
+    firsts = [(r, p) for r in range(2) for p in range(3)]  # repetitions run one after another, every prompt in each
+    assert [(jobs[i].repetition, jobs[i].prompt) for i in sorted(primes)] == firsts
     assert all(jobs[i - 1].prompt == jobs[i].prompt for i in range(1, len(jobs)) if i not in primes)
 
 
