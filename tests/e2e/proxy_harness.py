@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.client import HTTPConnection, HTTPResponse
 from pathlib import Path
@@ -26,6 +27,7 @@ MODE_HEADER = "x-speculoos-mode"
 SPECULATE = {"X-Speculoos": "on"}  # speculate whatever the route's controller would decide
 PASS = {"X-Speculoos": "off"}
 MESSAGES = [{"role": "user", "content": "Say hello."}]
+LOG_WAIT_S = 10.0  # how long a test waits for log lines it expects
 ERROR_KEYS = {"message", "type", "param", "code"}
 CHAT_PATH, COMPLETIONS_PATH = "/v1/chat/completions", "/v1/completions"
 FIRST_BYTE_S = 1.0  # the `stall` route's timeouts.first_byte
@@ -56,17 +58,23 @@ def start_routes_proxy(path: Path, routes: list[dict[str, Any]], **environ: str)
         return start_proxy(path, path.parent)
 
 
-def log_events(process: Process) -> list[dict[str, Any]]:
-    """The process's JSON log lines."""
-    events = []
-    for line in process.log().splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict):
-            events.append(event)
-    return events
+def log_events(process: Process, wanted: Callable[[dict[str, Any]], bool] = lambda event: True,
+               at_least: int = 0) -> list[dict[str, Any]]:
+    """The process's JSON log lines that are wanted, once at least `at_least` of them are written (a request's line
+    follows its response, so it may not be there yet) or LOG_WAIT_S have passed."""
+    deadline = time.monotonic() + LOG_WAIT_S
+    while True:
+        events = []
+        for line in process.log().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and wanted(event):
+                events.append(event)
+        if len(events) >= at_least or time.monotonic() > deadline:
+            return events
+        time.sleep(0.05)
 
 
 # -- requests ---------------------------------------------------------------------------------------
