@@ -16,6 +16,7 @@ NEAR_TIE_NOTE = ("llama.cpp's logits depend on batch shape, so a verification pa
                  "target's top two logits differently from plain decoding: a greedy difference is not by itself "
                  "a bug (tests/e2e/greedy.py checks each one against the target's margin).")
 NOTES = ("tok/s: output tokens ÷ request time, end to end. speedup: median tok/s ÷ direct's. "
+         "paired: the median of each prompt's tok/s ÷ its own direct request's (min–max). "
          "ITL: time per token after the first; decode ×: direct's ITL ÷ this ITL. "
          "predicted: Leviathan's formula from the row's α and the proxy's measured costs (/speculoos/status), "
          "÷ direct's decode rate, for sequential rounds (draft-ahead gains show as efficiency above 1). "
@@ -36,16 +37,18 @@ def pre_draft_cell(rate: float | None, hits: int | None, started: int | None) ->
 def bench_markdown(rows: Sequence[Row], identity: Identity, title: str) -> str:
     """The results table, its notes and the identical-output line."""
     lines = [f"### {title}", "",
-             "| workload | mode | speculative | tok/s median (min–max) | speedup | TTFT ms | ITL ms | decode × "
-             "| α | tokens/round | K | pre-draft hits | predicted | efficiency |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| workload | mode | speculative | tok/s median (min–max) | speedup | paired | TTFT ms | ITL ms "
+             "| decode × | α | tokens/round | K | pre-draft hits | predicted | efficiency |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rate = "–" if r.tokens_per_second is None else (
             f"{r.tokens_per_second.median:.1f} ({r.tokens_per_second.low:.1f}–{r.tokens_per_second.high:.1f})")
         served = "–" if r.mode == DIRECT else f"{r.speculative}/{r.requests - r.errors}"
         errors = f" ({r.errors} failed)" if r.errors else ""
+        paired = "–" if r.paired_speedup is None else (
+            f"{r.paired_speedup.median:.2f}× ({r.paired_speedup.low:.2f}–{r.paired_speedup.high:.2f})")
         lines.append(f"| {r.workload} | {r.mode}{errors} | {served} | {rate} | {number(r.speedup, 2, '×')} "
-                     f"| {number(r.ttft_ms, 0)} | {number(r.itl_ms, 1)} | {number(r.decode_speedup, 2, '×')} "
+                     f"| {paired} | {number(r.ttft_ms, 0)} | {number(r.itl_ms, 1)} | {number(r.decode_speedup, 2, '×')} "
                      f"| {number(r.alpha, 2)} | {number(r.tokens_per_round, 2)} | {number(r.mean_k, 1)} "
                      f"| {pre_draft_cell(r.pre_draft_hit_rate, r.pre_draft_hits, r.pre_drafts_started)} "
                      f"| {number(r.predicted_speedup, 2, '×')} | {number(r.efficiency, 2)} |")

@@ -2,6 +2,8 @@
 
 Glossary (one row = one workload in one mode):
     speedup          median output tokens/s of the mode ÷ that of `direct` (end to end, prefill included)
+    paired speedup   the median, over prompts, of each request's tokens/s ÷ its own direct request's
+                     (same prompt and repetition): prompts of different lengths do not blur it
     decode speedup   median ITL of `direct` ÷ median ITL of the mode (tokens after the first)
     predicted        Leviathan et al. 2023 (§3.1) from the row's measured α and the proxy's measured
                      costs (GET /speculoos/status):
@@ -189,6 +191,7 @@ class Row:
     tokens_per_round: float | None
     mean_k: float | None
     speedup: float | None
+    paired_speedup: Spread | None  # per prompt and repetition: tokens/s ÷ its direct request's
     decode_speedup: float | None
     predicted_speedup: float | None
     efficiency: float | None
@@ -207,7 +210,15 @@ def _median(values: Iterable[float | None]) -> float | None:
     return s.median if s else None
 
 
-def _row(workload: str, mode: str, samples: Sequence[Sample], baseline: Row | None, costs: Costs | None) -> Row:
+def paired_ratios(samples: Sequence[Sample], direct: Sequence[Sample]) -> list[float]:
+    """Each answered request's tokens/s ÷ that of the direct request for the same prompt and repetition."""
+    baseline = {(s.prompt, s.repetition): s.tokens_per_second for s in direct if s.ok and s.tokens_per_second}
+    return [s.tokens_per_second / base for s in samples
+            if s.ok and s.tokens_per_second and (base := baseline.get((s.prompt, s.repetition)))]
+
+
+def _row(workload: str, mode: str, samples: Sequence[Sample], baseline: Row | None, costs: Costs | None,
+         direct: Sequence[Sample] = ()) -> Row:
     ok = [s for s in samples if s.ok]
     rate = spread(s.tokens_per_second for s in ok)
     ttft, itl = _median(s.ttft_s for s in ok), _median(s.itl_s for s in ok)
@@ -240,7 +251,8 @@ def _row(workload: str, mode: str, samples: Sequence[Sample], baseline: Row | No
     return Row(workload, mode, len(samples), len(samples) - len(ok), len(extensions), rate,
                ttft * 1000.0 if ttft is not None else None, itl * 1000.0 if itl is not None else None,
                alpha, emitted / rounds if rounds else None, mean_k,
-               1.0 if mode == DIRECT else speedup, 1.0 if mode == DIRECT else decode_speedup,
+               1.0 if mode == DIRECT else speedup, None if mode == DIRECT else spread(paired_ratios(samples, direct)),
+               1.0 if mode == DIRECT else decode_speedup,
                predicted, ratio(decode_speedup, predicted) if mode != DIRECT else None,
                started, hits, ratio(hits, started))
 
@@ -250,9 +262,10 @@ def summarise(samples: Sequence[Sample], modes: Sequence[str], costs: Costs | No
     rows = []
     for workload in dict.fromkeys(s.workload for s in samples):
         mine = [s for s in samples if s.workload == workload]
-        baseline = _row(workload, DIRECT, [s for s in mine if s.mode == DIRECT], None, costs)
+        direct = [s for s in mine if s.mode == DIRECT]
+        baseline = _row(workload, DIRECT, direct, None, costs)
         rows.append(baseline)
-        rows += [_row(workload, mode, [s for s in mine if s.mode == mode], baseline, costs) for mode in modes]
+        rows += [_row(workload, mode, [s for s in mine if s.mode == mode], baseline, costs, direct) for mode in modes]
     return rows
 
 

@@ -24,6 +24,8 @@ class RequestStats:
     switched_to_plain: bool = False  # the generation was continued by plain decoding mid-stream
     plain_tokens: int = 0
     plain_seconds: float = 0.0
+    prefill_tokens: int = 0  # emitted by the round or plain chunk that paid the prompt's prefill
+    prefill_seconds: float = 0.0
     lookup_misses: int = 0  # plain chunks decoded because no lookup path was worth verifying
     ahead_started: int = 0  # rounds during whose verification the next round was drafted ahead
     ahead_hits: int = 0  # rounds whose draft was drafted ahead and used
@@ -40,6 +42,8 @@ class RequestStats:
             self.plain_tokens += len(event.tokens)
             self.plain_seconds += event.seconds
             self.lookup_misses += event.lookup_missed
+            if event.prefill:
+                self._add_prefill(len(event.tokens), event.seconds)
         elif isinstance(event, ReadEvent):
             self.read_tokens += len(event.tokens)
             self.read_agreed += sum(event.agreed)
@@ -61,10 +65,16 @@ class RequestStats:
         self.draft_seconds += event.draft_seconds
         self.verify_seconds += event.verify_seconds
         self.max_tv_bound = max(self.max_tv_bound, event.tv_bound)
+        if not event.warm:
+            self._add_prefill(len(event.emitted), event.draft_seconds + event.verify_seconds)
         while len(self.accepted_per_position) < event.accepted:
             self.accepted_per_position.append(0)
         for position in range(event.accepted):
             self.accepted_per_position[position] += 1
+
+    def _add_prefill(self, tokens: int, seconds: float) -> None:
+        self.prefill_tokens += tokens
+        self.prefill_seconds += seconds
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -77,9 +87,14 @@ class RequestStats:
         return self.emitted / self.rounds if self.rounds else None
 
     def speed(self) -> dict[str, float | None]:
-        """This generation's decoding rate (prefill included) beside the route's plain rate."""
-        seconds = self.draft_seconds + self.verify_seconds + self.plain_seconds
-        rate = (self.emitted + self.plain_tokens) / seconds if seconds > 0 else None
+        """This generation's decoding rate beside the route's plain rate, both without the prompt's prefill.
+
+        The step that paid the prefill is left out: the plain rate is a decoding rate, and a short
+        answer would otherwise look slow by as much as its prompt was long (None until a later step).
+        """
+        seconds = self.draft_seconds + self.verify_seconds + self.plain_seconds - self.prefill_seconds
+        tokens = self.emitted + self.plain_tokens - self.prefill_tokens
+        rate = tokens / seconds if tokens and seconds > 0 else None
         plain = self.plain_rate()
         return {"tokens_per_second": _round(rate, 2), "plain_tokens_per_second": _round(plain, 2),
                 "vs_plain": _round(rate / plain, 3) if rate and plain else None}

@@ -67,10 +67,9 @@ async def run_generate(evaluate: Evaluate, vocabulary: Vocabulary, seq: int, req
     ids = req.input_ids
     start = req.logprob_start_len
     evaluation = await evaluate(seq, ids, start)
-    cached = evaluation.cached_tokens
-    logprobs = log_softmax(evaluation.logits)  # row r predicts token start + r + 1
-    meta: dict[str, Any] = {"prompt_tokens": len(ids), "cached_tokens": cached}
+    meta: dict[str, Any] = {"prompt_tokens": len(ids), "cached_tokens": evaluation.cached_tokens}
     if req.return_logprob:
+        logprobs = log_softmax(evaluation.logits)  # row r predicts token start + r + 1
         actual = [[None, ids[start], None]]
         actual += [[float(logprobs[j - start - 1, ids[j]]), ids[j], None] for j in range(start + 1, len(ids))]
         meta["input_token_logprobs"] = actual
@@ -80,16 +79,17 @@ async def run_generate(evaluate: Evaluate, vocabulary: Vocabulary, seq: int, req
     if req.draft_support_ids is not None:
         meta["draft_support"] = _draft_support(vocabulary.n_vocab, req, evaluation.logits, rng)
     output_ids, output_actual, output_top = [], [], []
-    row, row_logprobs, context = evaluation.logits[-1], logprobs[-1], list(ids)
+    row, context = evaluation.logits[-1], list(ids)
     finish: dict[str, Any] = {"type": "length", "length": req.max_new_tokens}
     for step in range(req.max_new_tokens):
         if step:
             row = (await evaluate(seq, context, len(context) - 1)).logits[0]
-            row_logprobs = log_softmax(row[None])[0]
         token = pick_token(row, req.params, rng)
         output_ids.append(token)
-        output_actual.append([float(row_logprobs[token]), token, None])
-        output_top.append(top_entries(row_logprobs, req.top_logprobs_num))
+        if req.return_logprob:  # a full-vocabulary pass per token, which plain decoding does without
+            row_logprobs = log_softmax(row[None])[0]
+            output_actual.append([float(row_logprobs[token]), token, None])
+            output_top.append(top_entries(row_logprobs, req.top_logprobs_num))
         context.append(token)
         if vocabulary.is_end_of_generation(token):
             finish = {"type": "stop", "matched": token}

@@ -109,6 +109,22 @@ def test_summarise_rows() -> None:
     assert pinned.efficiency == pytest.approx(2.0 / 2.5)
     assert (pinned.speculative, off.speculative, off.errors) == (2, 0, 1)
     assert off.predicted_speedup == 1.0 and off.efficiency == pytest.approx(1.0)
+    assert direct.paired_speedup is None and pinned.paired_speedup == Spread(2.0, 2.0, 2.0, 2)
+    assert off.paired_speedup == Spread(1.0, 1.0, 1.0, 1)  # the failed request has no pair
+
+
+def test_paired_speedup_compares_each_prompt_with_its_own_direct_request() -> None:
+    """Prompts of different lengths run at different rates: the pairs, not the medians, say how a mode did."""
+    samples = [sample("direct", prompt=p, repetition=r, seconds=s) for p, r, s in [(0, 0, 1.0), (1, 0, 0.5),
+                                                                                   (2, 0, 0.25), (0, 1, 1.0)]]
+    samples += [sample("auto", prompt=p, repetition=r, seconds=s) for p, r, s in [(0, 0, 1.0 / 0.9), (1, 0, 0.5 / 1.1),
+                                                                                  (2, 0, 0.25), (0, 1, 1.0 / 1.2),
+                                                                                  (3, 0, 0.1)]]
+    _, auto = summarise(samples, ["auto"], None)
+    assert auto.paired_speedup is not None
+    assert (auto.paired_speedup.median, auto.paired_speedup.low, auto.paired_speedup.high, auto.paired_speedup.n) \
+        == pytest.approx((1.05, 0.9, 1.2, 4))  # prompt 3 has no direct request
+    assert auto.speedup == pytest.approx(24.2 / 16.5)  # medians of unpaired rates, blurred by the prompts
 
 
 @pytest.mark.parametrize(("reports", "expected"), [
@@ -221,7 +237,7 @@ def test_bench_markdown_and_json() -> None:
     identity = identity_check(samples)
     text = report.bench_markdown(rows, identity, "title")
     assert text.startswith("### title\n")
-    assert "| w | k=2 | 1/1 | 11.0 (11.0–11.0) | 1.00× |" in text
+    assert "| w | k=2 | 1/1 | 11.0 (11.0–11.0) | 1.00× | 1.00× (1.00–1.00) |" in text
     assert "1 of 1 differ (k=2 1/1)" in text and "near-tie" in text
     document = json.loads(json.dumps(report.bench_json(rows, identity, samples, {"modes": ["k=2"]}, None)))
     assert document["simulation"] is False and document["identity"]["differ"] == 1
