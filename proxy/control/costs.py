@@ -129,20 +129,21 @@ class RouteCosts:
                 self.guess_right.add(1.0 if event.ahead_hit else 0.0)
             self.record_round(len(event.drafted), event.accepted, event.draft_seconds, event.verify_seconds,
                               costs=event.warm and event.candidates == 1, lookup=event.source != "model",
-                              ahead_seconds_per_token=event.ahead_seconds_per_token, context=event.context)
+                              drafting_seconds_per_token=event.drafting_seconds_per_token, context=event.context)
         elif isinstance(event, PlainEvent) and not event.prefill:
             self.record_plain(len(event.tokens), event.seconds, draft_busy=event.draft_busy)
         elif isinstance(event, ReadEvent):
             self.record_read(event.agreed)
 
     def record_round(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float,
-                     *, costs: bool = True, lookup: bool = False, ahead_seconds_per_token: float | None = None,
+                     *, costs: bool = True, lookup: bool = False, drafting_seconds_per_token: float | None = None,
                      context: int = 0) -> None:
         """One round's outcome, and its costs unless they include a prefill or several candidates (costs=False).
 
         α and the draft's time per token describe the model draft (what K is chosen for); lookup
-        rounds have their own α, and every round measures verification time by K. A round drafted
-        ahead only waited for the end of its draft: the draft's speed is what the pre-draft measured.
+        rounds have their own α, and every round measures verification time by K. The draft's speed
+        is what drafting itself took when the drafter timed it apart: a round drafted ahead only waited
+        for the end of its draft, and a model that first read context it had not seen was not drafting.
         """
         if k > 0 and lookup:
             self.lookup_alpha.add(accepted / k)
@@ -155,7 +156,7 @@ class RouteCosts:
         if not costs:
             return
         if k > 0 and not lookup:
-            self.draft_per_token.add(ahead_seconds_per_token if ahead_seconds_per_token is not None
+            self.draft_per_token.add(drafting_seconds_per_token if drafting_seconds_per_token is not None
                                      else draft_seconds / k)
         self.verify_by_k.setdefault(k, Ewma(self.weight)).add(verify_seconds)
         self.context_by_k.setdefault(k, Ewma(self.weight)).add(context)

@@ -29,8 +29,9 @@ class RoundEvent:
     candidates: int = 1  # lookup paths verified together (drafted is the one followed)
     declined: tuple[int, ...] = ()  # a lookup path not verified this round (a model draft went instead)
     drafted_ahead: bool = False  # the draft was made while the previous round was verified (a draft-ahead hit)
-    # draft_seconds is then only the wait for its end; this is what the drafting itself took per token
-    ahead_seconds_per_token: float | None = None
+    # What drafting itself took per token (draft_seconds is only the wait for a pre-draft's end, and includes the
+    # model's reading of context it had not seen); None: not timed apart
+    drafting_seconds_per_token: float | None = None
     ahead_hit: bool | None = None  # the next round was drafted ahead during this one: used (True) or dropped
     context: int = 0  # tokens before the draft (the target evaluates them again unless it caches them)
     prefill: bool | None = None  # the round paid the prompt's prefill (None: a first round does)

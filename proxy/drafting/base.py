@@ -25,6 +25,9 @@ class Draft:
     source: str = "model"  # "model", or "lookup" for deterministic drafts found in the context or history
     alternatives: tuple[tuple[int, ...], ...] = ()  # more deterministic candidates, verified in the same round
     declined: tuple[int, ...] = ()  # a lookup path found but judged not worth verifying (the policy learns from it)
+    # The model's time per drafted token, its reading of context it had not seen left out (None: not timed,
+    # the round's draft time stands for it)
+    seconds_per_token: float | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)

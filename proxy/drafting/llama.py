@@ -10,6 +10,7 @@ drafting stays exact because each token is sampled from the distribution compute
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -91,11 +92,14 @@ class LlamaDrafter:
     async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
         """Draft up to plan.k tokens after context (fewer if the draft ends generation)."""
         seq = await self._sequence(plan.request_id)
+        started, reading = time.perf_counter(), 0.0
         context = list(context)
         tokens: list[int] = []
         rows: list[np.ndarray] = []
         for _ in range(plan.k):
-            logits = (await self._batcher.evaluate(seq, context, len(context) - 1)).logits[0]
+            evaluation = await self._batcher.evaluate(seq, context, len(context) - 1)
+            reading += evaluation.reading_seconds  # catching up on what it had not read is not drafting
+            logits = evaluation.logits[0]
             probs = truncate_to_top(processed_probs(logits, plan.params, plan.order), plan.support_size)
             token = sample(probs, plan.rng)
             tokens.append(token)
@@ -104,7 +108,8 @@ class LlamaDrafter:
             if self.vocabulary.is_end_of_generation(token):
                 break
         probs = np.stack(rows) if rows else np.zeros((0, self._engine.n_vocab))
-        return Draft(tuple(tokens), probs)
+        drafting = time.perf_counter() - started - reading
+        return Draft(tuple(tokens), probs, seconds_per_token=drafting / len(tokens) if tokens else None)
 
     def fits(self, n_tokens: int) -> bool:
         """Whether a context of n_tokens (plus a round of drafts) fits a sequence."""

@@ -9,6 +9,7 @@ prefix its sequence already holds and drops only the suffix that differs.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ class Evaluation:
 
     logits: np.ndarray  # [rows, vocab] float32; row i predicts token first_logit_row + i + 1
     cached_tokens: int
+    reading_seconds: float = 0.0  # spent decoding the uncached tokens before the returned rows
 
 
 @dataclass(frozen=True)
@@ -141,10 +143,16 @@ class LlamaEngine:
         # shared (one a step when drafting, and a single row per sequence was measured to give the
         # same logits alone or beside others), and a step gets the logits it would get alone.
         prefixes = [[r for r in rows if r.step == i and not r.wanted] for i in range(len(steps))]
-        decoded = [out for prefix in prefixes for out in self._decode(prefix)]
+        decoded, reading = [], [0.0] * len(steps)
+        for index, prefix in enumerate(prefixes):
+            if prefix:
+                started = time.perf_counter()
+                decoded += self._decode(prefix)
+                reading[index] = time.perf_counter() - started
         for step_index, row in decoded + self._decode([r for r in rows if r.wanted]):
             by_step[step_index].append(row)
-        return [Evaluation(np.stack(logits), cached) for logits, cached in zip(by_step, reused)]
+        return [Evaluation(np.stack(logits), cached, seconds)
+                for logits, cached, seconds in zip(by_step, reused, reading, strict=True)]
 
     def fork(self, source: int, target: int, length: int) -> None:
         """Make sequence `target` hold the first `length` tokens of `source` (a cache copy, no decoding)."""

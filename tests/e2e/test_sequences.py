@@ -53,6 +53,34 @@ def test_each_sequence_keeps_its_own_prefix(engine: LlamaEngine) -> None:
     assert engine.held(0) == a + [token] and engine.held(1) == b
 
 
+def test_an_evaluation_says_how_long_it_read_what_was_not_cached(engine: LlamaEngine) -> None:
+    context = ids(engine, PROMPTS[3] * 4)
+    first = engine.evaluate(0, context, len(context) - 1)
+    token = int(np.argmax(first.logits[0]))
+    after = engine.evaluate(0, [*context, token], len(context))
+    assert first.reading_seconds > 0.0  # everything before the returned row was read first
+    assert after.reading_seconds == 0.0  # only the returned row was new
+
+
+async def test_a_drafts_speed_leaves_out_reading_the_context(model_paths: dict[str, Path]) -> None:
+    drafter = LlamaDrafter.load(EngineOptions(model_paths[SMOL], n_ctx=512, n_threads=int(THREADS), n_seq=1))
+    try:
+        context = drafter.vocabulary.tokenize(" ".join(PROMPTS) * 8)  # unread: the first step reads it all
+        session = Session("req", "route", context, 32, SamplingParams(temperature=0.0),
+                          SamplerOrder.TRUNCATE_THEN_TEMPERATURE, 5, PinnedPolicy(2), RequestRandom.from_seed(1),
+                          Publisher())
+        assert drafter.reserve("req", context)
+        started = time.perf_counter()
+        draft = await drafter.propose(context, session.draft_plan(2, 2))
+        wall = time.perf_counter() - started
+        # Reading ~200 tokens costs several single-token steps: counted as drafting, it would make up most of
+        # the wall time per token.
+        assert draft.seconds_per_token is not None and 0.0 < draft.seconds_per_token < wall / len(draft) / 2
+        drafter.release("req")
+    finally:
+        drafter.close()
+
+
 def test_a_fork_continues_exactly_like_its_source(engine: LlamaEngine) -> None:
     a = ids(engine, PROMPTS[2])
     engine.evaluate(0, a, len(a) - 1)

@@ -72,6 +72,14 @@ def test_a_first_round_after_plain_chunks_pays_no_prefill_and_measures_the_costs
     assert costs.draft_per_token.value == pytest.approx(0.01) and costs.verify_time(4) == pytest.approx(0.2)
 
 
+@pytest.mark.parametrize(("timed", "expected"), [(0.01, 0.01), (None, 1.2 / 4)])
+def test_the_drafts_speed_is_its_drafting_not_its_reading(timed: float | None, expected: float) -> None:
+    """A model draft after lookup rounds first reads what it missed: 1.2 s for 4 tokens drafted in 0.04 s."""
+    costs = RouteCosts(1.0, 8)
+    costs.observe(replace(round_event(3, 4, 4, draft_s=1.2), drafting_seconds_per_token=timed))
+    assert costs.draft_per_token.value == pytest.approx(expected)  # untimed: the round's draft time stands
+
+
 def test_speculative_rate_uses_the_given_alpha_or_the_routes_survival() -> None:
     costs = RouteCosts(1.0, 8)
     assert costs.speculative_rate(4) is None  # nothing measured
