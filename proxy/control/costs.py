@@ -75,7 +75,7 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 @dataclass
 class Ewma:
-    """An exponentially weighted moving average."""
+    """An exponentially weighted moving average that starts as the plain mean of its first observations."""
 
     weight: float
     value: float | None = None
@@ -83,8 +83,11 @@ class Ewma:
 
     def add(self, x: float) -> None:
         """Fold in one observation."""
-        self.value = x if self.value is None else (1.0 - self.weight) * self.value + self.weight * x
         self.samples += 1
+        # Until 1 / weight observations, each weighs as much as the others: a noisy first one does not set the
+        # estimate for the next twenty.
+        share = max(self.weight, 1.0 / self.samples)
+        self.value = x if self.value is None else (1.0 - share) * self.value + share * x
 
 
 @dataclass

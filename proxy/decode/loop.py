@@ -170,8 +170,10 @@ class _Rounds:
         plan = session.draft_plan(min(decision.k, cap), cap)
         if reading_prompt:
             plan = replace(plan, k=0)  # lookups only until the model has read the prompt
-        else:
-            await self.caught_up()  # the last plain chunk, read while the target decoded it or just after
+        elif plan.k > 0:
+            # The model may draft: after what it is still reading (the last plain chunk, read while the target
+            # decoded it or just after). A lookup-only round goes on meanwhile, rather than leave the target idle.
+            await self.caught_up()
         started = time.perf_counter()
         ahead, self.ahead = self.ahead, None  # kept only after a hit
         draft = await ahead.draft() if ahead is not None else None

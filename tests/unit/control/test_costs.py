@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from proxy.config.schema import AssumedCostsConfig, FallbackConfig
-from proxy.control.costs import AssumedCosts, RouteCosts, expected_tokens, round_seconds, survival
+from proxy.control.costs import AssumedCosts, Ewma, RouteCosts, expected_tokens, round_seconds, survival
 from proxy.control.policy import choose_k
 from proxy.decode.events import PlainEvent, ReadEvent, RoundEvent
 
@@ -35,6 +35,17 @@ def test_verification_cost_is_fitted_across_k() -> None:
     feed_rounds(costs, 4, 4, 0.04, 0.50)
     assert costs.verify_time(6) == pytest.approx(0.70)  # two points: the line through them
     assert costs.verify_time(4) == pytest.approx(0.50)
+
+
+def test_an_ewma_starts_as_the_mean_of_its_first_observations() -> None:
+    ewma = Ewma(0.1)
+    for x in (1.0, 2.0, 3.0):
+        ewma.add(x)
+    assert ewma.value == pytest.approx(2.0)  # a noisy first observation weighs no more than the next ones
+    for _ in range(7):
+        ewma.add(2.0)
+    ewma.add(12.0)  # the eleventh: from the tenth on, a new observation weighs 0.1
+    assert ewma.value == pytest.approx(3.0)
 
 
 def round_event(index: int, drafted: int, accepted: int, draft_s: float = 0.04, verify_s: float = 0.2) -> RoundEvent:

@@ -109,6 +109,19 @@ async def test_after_lookup_misses_only_a_greedy_request_or_a_drafting_model_rea
         assert plain_events(events) and bool(drafter.chunks_read) == reads, (temperature, k)
 
 
+async def test_lookup_rounds_do_not_wait_for_the_model_to_read_the_last_chunk(served: Served) -> None:
+    drafter = SlowReader(served.model, looks_up=True)
+    drafter.done_reading.set()  # the prompt is read; the chunks' reading never ends while the request runs
+    drafter.read = lambda request_id, context, tokens: asyncio.ensure_future(asyncio.Event().wait())
+    follows = drafter.script
+    drafter.script = lambda context, k: [] if len(context) == len(PROMPT) else follows(context, k)  # one miss
+    batches, events = await asyncio.wait_for(run(served, drafter, 20, policy=PinnedPolicy(0), lookup_k=4,
+                                                 warm_up=True), timeout=10)
+    assert sum(batches, []) == served.model.greedy(PROMPT, 20)
+    assert len(plain_events(events)) == 1 and rounds(events)  # the chunk's reading was still in flight
+    assert all(k == 0 for _, k in drafter.calls)  # the model, off, was never asked to draft
+
+
 async def test_a_client_gone_while_the_draft_reads_stops_the_reading(served: Served) -> None:
     drafter = SlowReader(served.model)
     task = asyncio.ensure_future(run(served, drafter, 200, k=4, warm_up=True))
