@@ -49,7 +49,8 @@ def bench_markdown(rows: Sequence[Row], identity: Identity, title: str) -> str:
             f"{r.paired_speedup.median:.2f}× ({r.paired_speedup.low:.2f}–{r.paired_speedup.high:.2f})")
         lines.append(f"| {r.workload} | {r.mode}{errors} | {served} | {rate} | {number(r.speedup, 2, '×')} "
                      f"| {paired} | {number(r.ttft_ms, 0)} | {number(r.itl_ms, 1)} "
-                     f"| {number(r.decode_speedup, 2, '×')} | {number(r.alpha, 2)} | {number(r.tokens_per_round, 2)} | {number(r.mean_k, 1)} "
+                     f"| {number(r.decode_speedup, 2, '×')} | {number(r.alpha, 2)} | {number(r.tokens_per_round, 2)} "
+                     f"| {number(r.mean_k, 1)} "
                      f"| {pre_draft_cell(r.pre_draft_hit_rate, r.pre_draft_hits, r.pre_drafts_started)} "
                      f"| {number(r.predicted_speedup, 2, '×')} | {number(r.efficiency, 2)} |")
     lines += ["", NOTES, "", identity_line(identity)]
