@@ -68,8 +68,8 @@ async def run_generate(evaluate: Evaluate, vocabulary: Vocabulary, seq: int, req
     start = req.logprob_start_len
     evaluation = await evaluate(seq, ids, start)
     meta: dict[str, Any] = {"prompt_tokens": len(ids), "cached_tokens": evaluation.cached_tokens}
-    if req.return_logprob:
-        logprobs = log_softmax(evaluation.logits)  # row r predicts token start + r + 1
+    logprobs = log_softmax(evaluation.logits) if req.return_logprob else None  # row r predicts token start + r + 1
+    if logprobs is not None:
         actual = [[None, ids[start], None]]
         actual += [[float(logprobs[j - start - 1, ids[j]]), ids[j], None] for j in range(start + 1, len(ids))]
         meta["input_token_logprobs"] = actual
@@ -86,8 +86,8 @@ async def run_generate(evaluate: Evaluate, vocabulary: Vocabulary, seq: int, req
             row = (await evaluate(seq, context, len(context) - 1)).logits[0]
         token = pick_token(row, req.params, rng)
         output_ids.append(token)
-        if req.return_logprob:  # a full-vocabulary pass per token, which plain decoding does without
-            row_logprobs = log_softmax(row[None])[0]
+        if logprobs is not None:  # a full-vocabulary pass per token, which plain decoding does without
+            row_logprobs = log_softmax(row[None])[0] if step else logprobs[-1]
             output_actual.append([float(row_logprobs[token]), token, None])
             output_top.append(top_entries(row_logprobs, req.top_logprobs_num))
         context.append(token)
@@ -95,7 +95,7 @@ async def run_generate(evaluate: Evaluate, vocabulary: Vocabulary, seq: int, req
             finish = {"type": "stop", "matched": token}
             break
     meta.update(completion_tokens=len(output_ids), finish_reason=finish)
-    if req.return_logprob:
+    if logprobs is not None:
         meta["output_token_logprobs"] = output_actual
         meta["output_top_logprobs"] = output_top
     text = b"".join(vocabulary.token_bytes(t) for t in output_ids).decode("utf-8", errors="replace")

@@ -125,8 +125,14 @@ async def test_a_bad_draft_switches_mid_stream_and_keeps_the_exact_text(
             smol_verifier.url, {"prompt": expected, "add_special_tokens": False}))
         assert where.is_near_tie(tolerance), (where, tolerance)
     assert body["usage"]["completion_tokens"] == direct["usage"]["completion_tokens"]
-    route = await status_of(base)
-    assert route["mode"] == "passthrough" and "min_acceptance" in route["reason"]
+    # How many bad rounds a request makes before it gives its draft up depends on timing; the route's
+    # probes keep measuring the bad draft until its acceptance says passthrough.
+    for _ in range(6):
+        route = await status_of(base)
+        if route["mode"] == "passthrough" and "min_acceptance" in route["reason"]:
+            break
+        await post(base + "/v1/completions", completion(24))
+    assert route["mode"] == "passthrough" and "min_acceptance" in route["reason"], route
 
 
 async def test_probe_re_measures_after_the_workload_changes_back(proxy: tuple[str, SwitchableDrafter]) -> None:
@@ -134,12 +140,13 @@ async def test_probe_re_measures_after_the_workload_changes_back(proxy: tuple[st
     draft.bad_after_rounds = None  # the draft is good again
     before = await status_of(base)
     assert before["mode"] == "passthrough" and before["alpha"] < 0.3
-    modes = [(await post(base + "/v1/completions", completion(24)))[1]["X-Speculoos-Mode"] for _ in range(4)]
-    assert "speculative" in modes and "passthrough" in modes  # passthrough requests, then a probe
+    modes: list[str] = []
+    while modes.count("speculative") < 2 and len(modes) < 8:  # two probes, or speculation back on
+        modes.append((await post(base + "/v1/completions", completion(24)))[1]["X-Speculoos-Mode"])
+    assert "passthrough" in modes and modes.count("speculative") == 2, modes  # passthrough requests, then probes
     after = await status_of(base)
-    # The probe measured the good draft: its next token is right nearly always now. (The mean over
-    # 8 positions also counts windows the probe's short reads barely reach, and moves with timing.)
-    assert after["alpha_per_position"][0] > 0.8 and after["alpha"] > before["alpha"] + 0.4
+    # The probes measured the good draft: its next token is right nearly always now.
+    assert after["alpha_per_position"][0] > 0.8 and after["alpha"] > before["alpha"] + 0.4, (before, after)
     best = max(r for r in after["predicted_tokens_per_second_by_k"].values() if r is not None)
     plain = after["plain_tokens_per_second"]
     hysteresis = 0.05

@@ -164,7 +164,8 @@ def test_damage_is_detected(
     assert fetch_spec(SMOLLM2, directory=tmp_path, log=log) == path
     assert log.said("is corrupt") == rebuilt
     assert log.said(DOWNLOAD_MESSAGE) == rebuilt
-    assert (path.stat().st_ino != inode) == rebuilt
+    if not rebuilt:  # kept in place, not rewritten (a rebuilt file may get the freed inode number back)
+        assert path.stat().st_ino == inode
     assert sha256_of(path) == SMOLLM2.sha256
     assert leftovers(tmp_path) == []
     # The stamp is good again: the next fetch does nothing.
