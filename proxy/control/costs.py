@@ -108,6 +108,10 @@ class RouteCosts:
     context_by_k: dict[int, Ewma] = field(init=False)  # the context lengths those verifications saw
     plain_per_token: Ewma = field(init=False)  # target-only decoding with the draft model idle, as in passthrough
     plain_reading_per_token: Ewma = field(init=False)  # ... while the draft model read along
+    # Warm model rounds as they ran (the target's wait for the draft, then verification), which shows what the
+    # parts above leave out: where the two share cores, the model's reading and drafting slow the target.
+    model_round_seconds: Ewma = field(init=False)
+    model_round_tokens: Ewma = field(init=False)
     recent: deque[tuple[int, int, float]] = field(init=False)  # (k, context, seconds) of recent verifications
     context_slope: float = field(init=False)  # seconds a verification gains per token of context, refitted per round
 
@@ -122,6 +126,8 @@ class RouteCosts:
         self.context_by_k = {}
         self.plain_per_token = Ewma(self.weight)
         self.plain_reading_per_token = Ewma(self.weight)
+        self.model_round_seconds = Ewma(self.weight)
+        self.model_round_tokens = Ewma(self.weight)
         self.recent = deque(maxlen=RECENT_VERIFICATIONS)
         self.context_slope = 0.0
 
@@ -133,6 +139,9 @@ class RouteCosts:
             self.record_round(len(event.drafted), event.accepted, event.draft_seconds, event.verify_seconds,
                               costs=event.warm and event.candidates == 1, lookup=event.source != "model",
                               drafting_seconds_per_token=event.drafting_seconds_per_token, context=event.context)
+            if event.source == "model" and event.warm:
+                self.model_round_seconds.add(event.draft_seconds + event.verify_seconds)
+                self.model_round_tokens.add(len(event.emitted))
         elif isinstance(event, PlainEvent) and not event.prefill:
             self.record_plain(len(event.tokens), event.seconds, draft_busy=event.draft_busy)
         elif isinstance(event, ReadEvent):
@@ -218,12 +227,17 @@ class RouteCosts:
         return max(base + self.context_slope * (context - float(typical)), 1e-6)
 
     def _verify_time(self, k: int) -> float | None:
-        """Verification time for k drafts at the route's typical context: measured, or a line through what was."""
+        """Verification time for k drafts at the route's typical context: measured, between the measured K on either
+        side, or beyond them a line through all that were."""
         measured = {kk: e.value for kk, e in self.verify_by_k.items() if e.value is not None}
         if k in measured:
             return measured[k]
         if not measured:
             return None
+        below, above = [kk for kk in measured if kk < k], [kk for kk in measured if kk > k]
+        if below and above:  # a CPU's cost is not one line: long drafts cost less per token than short ones
+            low, high = max(below), min(above)
+            return float(np.interp(k, [low, high], [measured[low], measured[high]]))
         if len(measured) == 1:
             # One point cannot tell a flat GPU from a steep CPU: assume cost grows with the tokens
             # evaluated (k + 1), the cautious guess; exploring a neighbour refines it.
@@ -269,6 +283,11 @@ class RouteCosts:
         """Measured target-only tokens/s with the draft model idle: what passthrough gets."""
         value = self.plain_per_token.value
         return 1.0 / value if value else None
+
+    def model_rounds_run(self) -> tuple[int, float | None]:
+        """How many warm model rounds were timed as they ran, and the tokens/s they gave (None before any)."""
+        tokens, seconds = self.model_round_tokens.value, self.model_round_seconds.value
+        return self.model_round_seconds.samples, tokens / seconds if tokens is not None and seconds else None
 
     def reading_slowdown(self) -> float | None:
         """The share of the plain rate lost while the draft model reads along (about 0 where each has its own

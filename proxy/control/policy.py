@@ -78,6 +78,14 @@ def choose_k(costs: RouteCosts, settings: FallbackConfig, configured_k: int, *, 
                     known[best_k], plain)
 
 
+def measured_loss(rate: float | None, plain: float | None, settings: FallbackConfig) -> Decision | None:
+    """Plain decoding when model rounds, timed as they ran, gave fewer tokens/s (rate) than plain decoding (less
+    the hysteresis), else None."""
+    if rate is None or plain is None or rate >= plain * (1.0 - settings.hysteresis):
+        return None
+    return Decision(PASSTHROUGH_K, f"drafting ran at {rate:.1f} tok/s vs {plain:.1f} tok/s plain", plain, plain)
+
+
 def upper_bound(successes: int, trials: int, z: float = 2.0) -> float:
     """The Wilson score interval's upper end for a success rate: optimistic by z standard errors, sane at 0 and 1."""
     p, zz = successes / trials, z * z / trials
@@ -205,14 +213,10 @@ class RequestPolicy:
 
     def _measured_loss(self) -> Decision | None:
         """Plain decoding once this request's own model rounds ran slower than plain decoding, else None."""
-        plain = self._costs.plain_rate
-        if (self._forced or self._costs.assumed or plain is None or self._timed_rounds < MIN_ROUNDS_TO_JUDGE
+        if (self._forced or self._costs.assumed or self._timed_rounds < MIN_ROUNDS_TO_JUDGE
                 or self._timed_seconds <= 0):
             return None  # assumed costs describe other hardware than the one the rounds ran on
-        rate = self._timed_tokens / self._timed_seconds
-        if rate >= plain * (1.0 - self._settings.hysteresis):
-            return None
-        return Decision(PASSTHROUGH_K, f"drafting ran at {rate:.1f} tok/s vs {plain:.1f} tok/s plain", plain, plain)
+        return measured_loss(self._timed_tokens / self._timed_seconds, self._costs.plain_rate, self._settings)
 
     def model_may_pay(self) -> bool:
         """Whether the model draft could still beat plain decoding on this request, so its reading along is worth it.

@@ -1,8 +1,10 @@
 """A route's own decision: whether new requests speculate, from the route's measurements, with probes.
 
 The route decides with its own α (an EWMA over every request's rounds), so one request's α never
-flips the mode of the others. Once in passthrough, it probes speculation again every N requests
-or T seconds, so a route recovers when the workload changes.
+flips the mode of the others, and turns the model off when its recent rounds, timed as they ran,
+were slower than plain decoding (what the rule's parts do not show, the rounds' wall time does).
+Once in passthrough, it probes speculation again every N requests or T seconds, so a route
+recovers when the workload changes.
 """
 
 from __future__ import annotations
@@ -13,8 +15,19 @@ from dataclasses import dataclass, field
 
 from proxy.config.schema import FallbackConfig
 from proxy.control.costs import AssumedCosts, RouteCosts
-from proxy.control.policy import MIN_ROUNDS_BEFORE_SWITCH, NOT_MEASURED, Decision, RequestPolicy, choose_k
+from proxy.control.policy import (
+    MIN_ROUNDS_BEFORE_SWITCH,
+    NOT_MEASURED,
+    Decision,
+    RequestPolicy,
+    choose_k,
+    measured_loss,
+)
 from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent
+
+# The route judges its model by fewer timed rounds than a request does: wrongly off, it loses what probes
+# win back; wrongly on, it slows every request that follows.
+ROUTE_ROUNDS_TO_JUDGE = 4
 
 
 @dataclass
@@ -49,11 +62,14 @@ class RouteController:
         self.costs.record_plain(tokens, seconds)
 
     def decide(self) -> Decision:
-        """The route's decision from its own α and costs."""
+        """The route's decision from its own α and costs, unless its model rounds, timed as they ran, lost."""
         alpha = self.costs.alpha
         self.current = choose_k(self.costs, self.settings, self.configured_k, alpha=alpha.value,
                                 alpha_rounds=alpha.samples, speculating=self.current.k > 0,
                                 curve=self.costs.survival(self.settings.k_max))
+        rounds, rate = self.costs.model_rounds_run()
+        if self.current.k > 0 and rounds >= ROUTE_ROUNDS_TO_JUDGE and not self.costs.assumed:
+            self.current = measured_loss(rate, self.costs.plain_rate, self.settings) or self.current
         return self.current
 
     def policy(self, *, forced: bool = False, pipelined: bool | None = None, reads_along: bool = False) -> RequestPolicy:

@@ -168,13 +168,13 @@ class _Rounds:
         # the target's distribution).
         cap = max(remaining - 1, 1)
         plan = session.draft_plan(min(decision.k, cap), cap)
+        started = time.perf_counter()  # the target waits from here: for the model's reading, then for its draft
         if reading_prompt:
             plan = replace(plan, k=0)  # lookups only until the model has read the prompt
         elif plan.k > 0:
             # The model may draft: after what it is still reading (the last plain chunk, read while the target
             # decoded it or just after). A lookup-only round goes on meanwhile, rather than leave the target idle.
             await self.caught_up()
-        started = time.perf_counter()
         ahead, self.ahead = self.ahead, None  # kept only after a hit
         draft = await ahead.draft() if ahead is not None else None
         if draft is not None:

@@ -37,6 +37,14 @@ def test_verification_cost_is_fitted_across_k() -> None:
     assert costs.verify_time(4) == pytest.approx(0.50)
 
 
+def test_verification_cost_between_measured_k_follows_its_neighbours_not_the_line() -> None:
+    costs = RouteCosts(0.1, 32)
+    for k, seconds in [(1, 0.10), (4, 0.23), (7, 0.43), (12, 0.62), (25, 1.00)]:  # as measured on a CPU
+        feed_rounds(costs, k, k, 0.0, seconds)
+    assert costs.verify_time(8) == pytest.approx(0.43 + (0.62 - 0.43) / 5)  # the line through all: 0.41
+    assert costs.verify_time(32) > costs.verify_time(25)  # beyond them: the line
+
+
 def test_an_ewma_starts_as_the_mean_of_its_first_observations() -> None:
     ewma = Ewma(0.1)
     for x in (1.0, 2.0, 3.0):
@@ -51,6 +59,16 @@ def test_an_ewma_starts_as_the_mean_of_its_first_observations() -> None:
 def round_event(index: int, drafted: int, accepted: int, draft_s: float = 0.04, verify_s: float = 0.2) -> RoundEvent:
     return RoundEvent("r", "route", index, drafted, tuple(range(1, drafted + 1)), accepted,
                       tuple(range(accepted + 1)), draft_s, verify_s)
+
+
+def test_model_rounds_are_timed_as_they_ran_without_lookups_or_the_prefill() -> None:
+    costs = RouteCosts(0.5, 8)
+    costs.observe(round_event(0, 4, 4, draft_s=9.0))  # paid the prefill
+    costs.observe(replace(round_event(1, 4, 4, draft_s=9.0), source="lookup"))
+    assert costs.model_rounds_run() == (0, None)
+    costs.observe(round_event(2, 4, 4, draft_s=0.3, verify_s=0.2))  # 5 tokens in 0.5 s
+    costs.observe(round_event(3, 4, 1, draft_s=0.1, verify_s=0.1))  # 2 tokens in 0.2 s
+    assert costs.model_rounds_run() == (2, pytest.approx(3.5 / 0.35))
 
 
 def test_events_feed_the_measurements_and_the_first_round_pays_no_costs() -> None:

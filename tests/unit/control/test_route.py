@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from proxy.config.schema import FallbackConfig
 from proxy.control.policy import MIN_ROUNDS_BEFORE_SWITCH, Decision
-from proxy.control.route import RouteController
+from proxy.control.route import ROUTE_ROUNDS_TO_JUDGE, RouteController
 from tests.unit.control.test_costs import feed_rounds, round_event
 
 
@@ -94,3 +95,20 @@ def test_a_route_that_looks_up_has_a_model_it_turned_off_read_along_only_at_prob
     policies = [controller.policy(reads_along=True) for _ in range(3)]
     assert [p.model_may_pay() for p in policies] == [False, False, True]  # reading is exploring: the probe reads
     assert [p.next_k().reading for p in policies] == [False, False, True]
+
+
+@pytest.mark.parametrize(("wait_s", "rounds", "speculates"), [
+    (0.4, ROUTE_ROUNDS_TO_JUDGE, False),  # each round waited for the model: they ran slower than plain decoding
+    (0.4, ROUTE_ROUNDS_TO_JUDGE - 1, True),  # too few rounds to judge
+    (0.0, ROUTE_ROUNDS_TO_JUDGE, True),  # control: the rounds ran as their parts predict
+])
+def test_a_route_turns_the_model_off_once_its_rounds_ran_slower_than_plain(wait_s: float, rounds: int,
+                                                                            speculates: bool) -> None:
+    c, _ = controller()
+    c.record_plain(10, 1.0)  # 10 tok/s
+    for index in range(1, rounds + 1):  # all 4 accepted, 10 ms a token drafting and 0.2 s verifying: 20.8 tok/s
+        c.observe(replace(round_event(index, 4, 4, draft_s=0.04 + wait_s), drafting_seconds_per_token=0.01))
+    assert c.costs.speculative_rate(4) == pytest.approx(5 / 0.24)  # the parts predict a win either way
+    assert (c.current.k > 0) == speculates, c.current
+    if not speculates:
+        assert c.current.reason == "drafting ran at 7.8 tok/s vs 10.0 tok/s plain"

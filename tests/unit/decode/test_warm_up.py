@@ -222,3 +222,18 @@ async def test_a_request_whose_model_may_not_draft_has_it_read_nothing(served: S
     batches, events = await run(served, drafter, 30, policy=GivesUpAfter(chunks=0), lookup_k=4, warm_up=True)
     assert sum(batches, []) == served.model.greedy(PROMPT, 30) and plain_events(events)
     assert drafter.reading is None and not drafter.chunks_read  # neither the prompt nor any chunk
+
+
+async def test_a_model_rounds_draft_time_counts_its_wait_for_the_models_reading(served: Served) -> None:
+    drafter = SlowReader(served.model)
+    drafter.done_reading.set()
+    predict = drafter._predict
+
+    async def slow_predict(context: Sequence[int], tokens: Sequence[int]) -> list[int]:
+        await asyncio.sleep(0.2)
+        return await predict(context, tokens)
+
+    drafter._predict = slow_predict
+    _, events = await run(served, drafter, 40, policy=PlainThenDraft(4, plain=2), warm_up=True)
+    # The target idled while the model read the last chunk: that is part of what the round cost.
+    assert rounds(events)[0].draft_seconds >= 0.2
