@@ -22,7 +22,8 @@ class RoundEvent:
     accepted: int  # how many of them the target accepted
     emitted: tuple[int, ...]  # what the round added to the output (accepted drafts + one target token, cut
     # at max_tokens)
-    draft_seconds: float  # the target's wait for the draft: the model's reading of what came before, then drafting
+    # The target's wait for the draft: the model's reading of what came before, then drafting (or a pre-draft's end)
+    draft_seconds: float
     verify_seconds: float
     tv_bound: float = 0.0  # bounded sampling: this round's total-variation bound
     source: str = "model"  # what drafted: "model" or "lookup"
