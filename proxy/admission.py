@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.config.schema import SpeculationConfig
+from proxy.errors import BadRequestError
 from proxy.targets.base import Target
 from proxy.targets.topn import bound_problem
 from proxy.wire.control import RequestControl
@@ -22,18 +23,22 @@ class RouteSnapshot:
     speculation: SpeculationConfig
     has_drafter: bool
     target: Target | None  # None: the protocol cannot verify
+    vocabulary_size: int | None = None  # the draft's, which the tokenizer check found equal to the target's
 
 
 def passthrough_reason(route: RouteSnapshot, request: GenerationRequest, control: RequestControl) -> str | None:
-    """Why this request must pass through untouched, or None if it may speculate."""
+    """Why this request must pass through untouched, or None if it may speculate; a 400 for prompt ids outside the
+    vocabulary."""
     if not route.has_drafter or route.target is None:
         return "route has no draft model" if not route.has_drafter else "upstream protocol cannot verify"
     if not route.speculation.enabled:
         return "speculation disabled for this route"
     if control.off:
         return "client opted out"
-    if request.unsupported:
-        return "parameters only the upstream can honour: " + ", ".join(request.unsupported)
+    _check_prompt_ids(request, route.vocabulary_size)
+    honoured_upstream = route.target.prompt_fields(request.kind)
+    if upstream_only := [name for name in request.unsupported if name not in honoured_upstream]:
+        return "parameters only the upstream can honour: " + ", ".join(upstream_only)
     if (prompt := route.target.prompt_problem(request)) is not None:
         return f"cannot tokenize: {prompt}"
     params, spec = request.sampling_params, route.speculation
@@ -43,3 +48,12 @@ def passthrough_reason(route: RouteSnapshot, request: GenerationRequest, control
     if problem is not None and (bounded := bound_problem(params)) is not None:
         return f"cannot be bounded: {bounded}"
     return None
+
+
+def _check_prompt_ids(request: GenerationRequest, vocabulary_size: int | None) -> None:
+    """A 400 for token ids no model of this vocabulary has (llama.cpp would fail on them)."""
+    if vocabulary_size is None or not isinstance(request.prompt, list):
+        return
+    if outside := [token for token in request.prompt if not 0 <= token < vocabulary_size]:
+        raise BadRequestError(f"prompt token id {outside[0]} is outside the vocabulary of {vocabulary_size} tokens",
+                              param="prompt")

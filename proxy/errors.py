@@ -4,11 +4,14 @@
     ├── ClientError (4xx: the request is wrong)
     │   ├── BadRequestError          400 invalid_request_error
     │   │   └── ContextOverflowError 400 (prompt + max_tokens exceed the context)
+    │   ├── ForbiddenError           403 (a browser request from a foreign Host or Origin)
     │   ├── NotFoundError            404 (unknown model or route)
     │   └── PayloadTooLargeError     413
+    ├── OverloadedError              503 (every slot busy and the queue full; Retry-After)
     └── UpstreamError (5xx: the server behind us failed)
         ├── UpstreamUnavailableError 502 (refused, reset, garbage)
-        └── UpstreamTimeoutError     504 (no bytes within the configured timeout)
+        ├── UpstreamTimeoutError     504 (no bytes within the configured timeout)
+        └── UpstreamBusyError        503 (every pooled connection to it stayed busy)
 
 Library errors are translated where they happen; one middleware renders every error as
 OpenAI error JSON, so no traceback ever reaches a client.
@@ -35,6 +38,10 @@ class SpeculoosError(Exception):
         """The OpenAI error JSON body."""
         return error_body(self.message, self.error_type, self.status, param=self.param, code=self.code)
 
+    def headers(self) -> dict[str, str]:
+        """HTTP headers the error response carries besides its body."""
+        return {}
+
 
 class ClientError(SpeculoosError):
     """The request is wrong."""
@@ -53,6 +60,13 @@ class ContextOverflowError(BadRequestError):
     code = "context_length_exceeded"
 
 
+class ForbiddenError(ClientError):
+    """A request the proxy refuses to serve whatever its body (a foreign Host or a cross-site Origin)."""
+
+    status = 403
+    error_type = "permission_error"
+
+
 class NotFoundError(ClientError):
     """Unknown model or route."""
 
@@ -64,6 +78,22 @@ class PayloadTooLargeError(ClientError):
     """The request body is over the configured limit."""
 
     status = 413
+
+
+class OverloadedError(SpeculoosError):
+    """Every slot is busy and the queue of waiters is full: the client should come back later."""
+
+    status = 503
+    error_type = "server_error"
+    code = "server_overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        """Retry-After, in whole seconds."""
+        return {"Retry-After": str(self.retry_after_s)}
 
 
 class UpstreamError(SpeculoosError):
@@ -82,6 +112,13 @@ class UpstreamTimeoutError(UpstreamError):
 
     status = 504
     error_type = "timeout"
+
+
+class UpstreamBusyError(UpstreamError):
+    """Every connection of the route's pool stayed busy for the configured wait: the upstream is not at fault."""
+
+    status = 503
+    code = "upstream_busy"
 
 
 def error_body(

@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from proxy.bench import concurrent, report, runner, simulate
+from proxy.bench import concurrent, peers, report, runner, simulate
 from proxy.bench.client import BenchError, get_json
 from proxy.bench.stats import Costs, identity_check, summarise
 from proxy.bench.workloads import WorkloadError, builtin_names, load
@@ -55,8 +55,11 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
                        help="write each speculative request's rounds ([drafted, accepted]) for --simulate")
     sim = bench.add_argument_group("simulation (replay a trace; prints SIMULATION results)")
     sim.add_argument("--simulate", type=Path, metavar="TRACE", help="a file written by --record-trace")
-    sim.add_argument("--cost-model", choices=simulate.COST_MODELS, default="gpu",
-                     help="gpu: flat verification cost; cpu: cost per evaluated token; custom: both")
+    sim.add_argument("--cost-model", choices=simulate.COST_MODELS, default=None,
+                     help="gpu (default): flat verification cost; cpu: cost per evaluated token; custom: both")
+    sim.add_argument("--cost-curve", type=Path, metavar="FILE",
+                     help="measured costs instead of a cost model: the JSON proxy/bench/gpu_costs.py writes "
+                          "(verification by K, draft and plain ms); --rtt-ms still applies")
     sim.add_argument("--draft-ms", type=float, help="draft time per drafted token")
     sim.add_argument("--verify-ms-flat", type=float, help="verification time per pass, whatever K")
     sim.add_argument("--verify-ms-per-token", type=float, help="verification time per evaluated token (K + 1)")
@@ -64,6 +67,8 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
     sim.add_argument("--plain-ms", type=float, help="target's plain decoding time per token "
                                                     "(default: one single-token verification pass)")
     bench.set_defaults(run=run)
+    # Sub-commands beside the flat usage above: `speculoos bench --direct ... --proxy ...` keeps working.
+    peers.add_cli(bench.add_subparsers(dest="bench_command", metavar="{peers}", required=False))
 
 
 def _base(url: str) -> str:
@@ -85,10 +90,27 @@ def _write_outputs(args: argparse.Namespace, markdown: str, document: dict[str, 
             raise BenchError("--chart needs matplotlib: pip install matplotlib") from exc
 
 
+def _measured_model(args: argparse.Namespace) -> simulate.CostModel:
+    given = [flag for flag, value in (("--cost-model", args.cost_model), ("--draft-ms", args.draft_ms),
+                                      ("--verify-ms-flat", args.verify_ms_flat),
+                                      ("--verify-ms-per-token", args.verify_ms_per_token),
+                                      ("--plain-ms", args.plain_ms)) if value is not None]
+    if given:
+        raise BenchError(f"--cost-curve takes every cost from the file; drop {', '.join(given)}")
+    try:
+        document = json.loads(args.cost_curve.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BenchError(f"cannot read the cost curve {args.cost_curve}: {exc}") from exc
+    return simulate.measured_cost_model(document, str(args.cost_curve), rtt_ms=args.rtt_ms)
+
+
 def _simulate(args: argparse.Namespace) -> int:
-    model = simulate.cost_model(args.cost_model, draft_ms=args.draft_ms, verify_ms_flat=args.verify_ms_flat,
-                                verify_ms_per_token=args.verify_ms_per_token, rtt_ms=args.rtt_ms,
-                                plain_ms=args.plain_ms)
+    if args.cost_curve:
+        model = _measured_model(args)
+    else:
+        model = simulate.cost_model(args.cost_model or "gpu", draft_ms=args.draft_ms,
+                                    verify_ms_flat=args.verify_ms_flat, verify_ms_per_token=args.verify_ms_per_token,
+                                    rtt_ms=args.rtt_ms, plain_ms=args.plain_ms)
     try:
         document = json.loads(args.simulate.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -132,7 +154,9 @@ def _route_status(status: Any, name: str | None) -> dict[str, Any] | None:
 
 def _bench(args: argparse.Namespace) -> int:
     if not args.direct or not args.proxy:
-        raise BenchError("give --direct URL and --proxy URL (or --simulate TRACE)")
+        raise BenchError("give --direct URL and --proxy URL (or --simulate TRACE, or the peers sub-command)")
+    if args.cost_curve:
+        raise BenchError("--cost-curve is for --simulate")
     if args.prompts < 1 or args.repeat < 1 or args.concurrency < 1 or (args.max_tokens is not None
                                                                        and args.max_tokens < 1):
         raise BenchError("--prompts, --repeat, --concurrency and --max-tokens must be positive")

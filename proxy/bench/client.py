@@ -38,6 +38,7 @@ class Reply:
     ttft_s: float | None
     decode_s: float | None  # first text chunk to last text chunk
     error: str | None = None
+    timings: dict[str, Any] | None = None  # llama-server's `timings` object from its last chunk
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -62,7 +63,7 @@ def _chunk_text(event: dict[str, Any]) -> str:
 
 async def stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any], timeout_s: float) -> Reply:
     """POST `body` with stream=True and read the SSE stream to its end."""
-    text, usage, extension, error = "", None, None, None
+    text, usage, extension, error, timings = "", None, None, None, None
     first = last = None
     started = time.perf_counter()
     timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S, sock_read=timeout_s)
@@ -91,13 +92,14 @@ async def stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
                         text += chunk
                     usage = event.get("usage") or usage
                     extension = event.get("speculoos") or extension
+                    timings = event.get("timings") or timings
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise BenchError(f"request to {url} failed: {type(exc).__name__}: {exc}") from exc
     seconds = time.perf_counter() - started
     tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
     return Reply(200, text, tokens, served_as, extension, seconds,
                  None if first is None else first - started,
-                 None if first is None or last is None else last - first, error)
+                 None if first is None or last is None else last - first, error, timings)
 
 
 async def get_json(session: aiohttp.ClientSession, url: str, what: str) -> Any:

@@ -58,7 +58,8 @@ def _start(args: Sequence[str], log: Path, ready: str, cores: Collection[int] | 
     raise RuntimeError(f"speculoos {args[0]} did not answer {ready} within {START_TIMEOUT_S:g} s")
 
 
-def _stop(process: subprocess.Popen) -> None:
+def stop_process(process: subprocess.Popen) -> None:
+    """Terminate a started server, killing it if it does not stop within STOP_TIMEOUT_S."""
     process.terminate()
     try:
         process.wait(STOP_TIMEOUT_S)
@@ -94,7 +95,7 @@ class Relay:
     def stop(self) -> None:
         """Stop the relay if it runs (open connections through it are cut)."""
         if self._process is not None:
-            _stop(self._process)
+            stop_process(self._process)
             self._process, self.rtt_ms = None, None
 
 
@@ -128,22 +129,24 @@ class LocalStack:
 
 
 def routes_yaml(upstream_port: int, draft: str, *, threads: int, parallel: int, kinds: Sequence[str] = (),
-                live: bool = False, assume_costs: Mapping[str, float] | None = None) -> str:
+                live: bool = False, assume_costs: Mapping[str, float] | None = None, apart: bool = False) -> str:
     """One route, `local`, drafting with the model; or one route per draft kind, named and matched by the kind.
 
     With `assume_costs` (fallback.assume_costs), every route decides with those costs, in sequential rounds.
+    `apart`: the draft and the verifier are pinned to cores of their own, so they need not take turns.
     """
     upstream = f"    upstream: {{url: 'http://{HOST}:{upstream_port}'}}\n"
     server = "server: {live: true}\n" if live else ""
     assumed = "" if assume_costs is None else (
         "    speculation: {pipeline: false}\n"
         f"    fallback: {{assume_costs: {{{', '.join(f'{key}: {value}' for key, value in assume_costs.items())}}}}}\n")
+    shares = ", shares_cores: false" if apart else ""
     if not kinds:
         return (f"{server}routes:\n  - name: local\n{upstream}"
-                f"    draft: {{model: {draft}, threads: {threads}, parallel: {parallel}}}\n{assumed}")
+                f"    draft: {{model: {draft}, threads: {threads}, parallel: {parallel}{shares}}}\n{assumed}")
     return server + "routes:\n" + "".join(
         f"  - name: {kind}\n    match: {{model: {kind}}}\n{upstream}"
-        f"    draft: {{kind: {kind}, model: {draft}, threads: {threads}, parallel: {parallel}}}\n{assumed}"
+        f"    draft: {{kind: {kind}, model: {draft}, threads: {threads}, parallel: {parallel}{shares}}}\n{assumed}"
         for kind in kinds)
 
 
@@ -161,7 +164,8 @@ def local_stack(target: str, draft: str, *, parallel: int = 4, threads: int = 1,
     folder = Path(tempfile.mkdtemp(prefix="speculoos-bench-"))
     routes = folder / "routes.yaml"
     routes.write_text(routes_yaml(relay_port or verifier_port, draft, threads=threads, parallel=parallel, kinds=kinds,
-                                  live=live, assume_costs=assume_costs))
+                                  live=live, assume_costs=assume_costs,
+                                  apart=verifier_cores is not None and proxy_cores is not None))
     verifier = _start(["verifier", "--model", target, "--port", str(verifier_port), "--threads", str(threads),
                        "--parallel", str(parallel), *verifier_args], folder / "verifier.log",
                       f"http://{HOST}:{verifier_port}/health", verifier_cores)
@@ -175,8 +179,8 @@ def local_stack(target: str, draft: str, *, parallel: int = 4, threads: int = 1,
             yield LocalStack(f"http://{HOST}:{verifier_port}", f"http://{HOST}:{proxy_port}", verifier.pid,
                              proxy.pid, folder, between)
         finally:
-            _stop(proxy)
+            stop_process(proxy)
     finally:
         if between is not None:
             between.stop()
-        _stop(verifier)
+        stop_process(verifier)

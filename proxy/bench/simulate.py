@@ -5,6 +5,9 @@ as [drafted, accepted], or [drafted, accepted, "lookup"] for a lookup draft, whi
 time; a round emits accepted + 1 tokens. Under a cost model
     round      drafted · draft_ms (model drafts) + verify_ms(drafted) + rtt_ms
     verify_ms  verify_ms_flat + verify_ms_per_token · (drafted + 1)     (tokens evaluated)
+               or, from a measured curve (`--cost-curve`, written by proxy/bench/gpu_costs.py),
+               linear between the measured K around it, and beyond the last measured K the
+               last one's cost per evaluated token
     plain      rtt_ms once per request + plain_ms per token              (streamed decoding)
 a request's speedup is its plain time ÷ its speculative time for the same tokens. Tokens a request
 decoded plainly (after a switch, or in chunks after lookup misses) cost plain_ms each, and each
@@ -24,7 +27,9 @@ from proxy.control.costs import expected_tokens
 
 SIMULATION = "SIMULATION"
 COST_MODELS = ("gpu", "cpu", "custom")
+MEASURED = "measured"  # the cost model of a measured curve
 TRACE_FORMAT = "speculoos-bench-trace"
+CURVE_FORMAT = "speculoos-verify-cost-curve"  # proxy.bench.gpu_costs writes it
 
 
 class SimulationError(ValueError):
@@ -41,9 +46,12 @@ class CostModel:
     verify_ms_per_token: float  # per token a pass evaluates (a CPU's compute-bound pass)
     rtt_ms: float  # per round trip to the target
     plain_ms: float  # per token of plain decoding on the target
+    verify_curve: tuple[tuple[int, float], ...] = ()  # measured (K, ms), K ascending; empty: the two terms above
 
     def verify_ms(self, drafted: float) -> float:
         """One verification pass over `drafted` drafts and the bonus position."""
+        if self.verify_curve:
+            return curve_ms(self.verify_curve, drafted)
         return self.verify_ms_flat + self.verify_ms_per_token * (drafted + 1)
 
     def round_ms(self, drafted: float, *, lookup: bool = False) -> float:
@@ -73,6 +81,42 @@ def cost_model(name: str, *, draft_ms: float | None = None, verify_ms_flat: floa
     if min(draft_ms, flat, per_token, rtt_ms) < 0 or plain <= 0 or model.verify_ms(1) <= 0:
         raise SimulationError("costs must be non-negative, and verification and plain decoding must cost time")
     return CostModel(name, draft_ms, flat, per_token, rtt_ms, plain)
+
+
+def curve_ms(curve: Sequence[tuple[int, float]], drafted: float) -> float:
+    """A measured verification cost at `drafted` drafts: linear between the measured K around it, the first
+    K's cost below it, and beyond the last K that K's cost per evaluated token (drafted + 1)."""
+    (first_k, first_ms), (last_k, last_ms) = curve[0], curve[-1]
+    if drafted <= first_k:
+        return first_ms
+    if drafted >= last_k:
+        return last_ms * (drafted + 1) / (last_k + 1)
+    for (low_k, low_ms), (high_k, high_ms) in zip(curve, curve[1:]):
+        if low_k <= drafted <= high_k:
+            return low_ms + (high_ms - low_ms) * (drafted - low_k) / (high_k - low_k)
+    raise AssertionError("unreachable: the curve's K ascend")
+
+
+def _positive_ms(value: Any, where: str, *, zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not zero):
+        raise SimulationError(f"{where} must be a {'non-negative' if zero else 'positive'} number of ms")
+    return float(value)
+
+
+def measured_cost_model(document: Any, source: str, *, rtt_ms: float = 0.0) -> CostModel:
+    """The cost model of a measured curve: {"verify_ms": {"K": ms}, "plain_ms", "draft_ms"} (gpu_costs.py)."""
+    if not isinstance(document, dict) or document.get("format", CURVE_FORMAT) != CURVE_FORMAT:
+        raise SimulationError(f"{source}: not a cost curve written by proxy/bench/gpu_costs.py")
+    by_k = document.get("verify_ms")
+    if not isinstance(by_k, dict) or not by_k:
+        raise SimulationError(f"{source}: verify_ms must map each measured K to its ms")
+    if not all(isinstance(k, str) and k.isdigit() for k in by_k):
+        raise SimulationError(f"{source}: verify_ms: each K must be a whole number, 0 or more")
+    curve = sorted((int(k), _positive_ms(ms, f"{source}: verify_ms[{k}]")) for k, ms in by_k.items())
+    if rtt_ms < 0:
+        raise SimulationError("costs must be non-negative, and verification and plain decoding must cost time")
+    return CostModel(MEASURED, _positive_ms(document.get("draft_ms"), f"{source}: draft_ms", zero=True), 0.0, 0.0,
+                     rtt_ms, _positive_ms(document.get("plain_ms"), f"{source}: plain_ms"), tuple(curve))
 
 
 @dataclass(frozen=True)
@@ -171,6 +215,10 @@ def simulate(requests: Sequence[TracedRequest], model: CostModel) -> list[Simula
 
 def describe(model: CostModel) -> str:
     """The cost model in words, for titles."""
+    if model.verify_curve:
+        points = ", ".join(f"K={k}: {ms:.3g}" for k, ms in model.verify_curve)
+        return (f"cost model {model.name}: draft {model.draft_ms:.3g} ms/token, verify ms by K ({points}), "
+                f"RTT {model.rtt_ms:g} ms, plain {model.plain_ms:.3g} ms/token")
     verify = " + ".join(part for part in (
         f"{model.verify_ms_flat:g} ms flat" if model.verify_ms_flat else "",
         f"{model.verify_ms_per_token:g} ms/evaluated token" if model.verify_ms_per_token else "") if part)

@@ -3,7 +3,8 @@
 A workload file is `{"name", "description", "prompts": [entry, ...]}`; each entry is
     {"kind": "chat", "messages": [{"role", "content"}, ...] | "text": str, "temperature", "max_tokens"}
     {"kind": "completion", "text": str, "temperature", "max_tokens"}
-A chat entry given as `text` is one user message. Unknown keys are errors.
+A chat entry given as `text` is one user message. Either kind may add `"prediction": str`, the output
+expected (Predicted Outputs: sent as `prediction` of type content). Unknown keys are errors.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 CHAT = "chat"
 COMPLETION = "completion"
 MIN_PROMPTS = 10  # a workload with fewer says little about a distribution of requests
-ENTRY_KEYS = {"kind", "text", "messages", "temperature", "max_tokens"}
+ENTRY_KEYS = {"kind", "text", "messages", "temperature", "max_tokens", "prediction"}
 ROLES = {"system", "user", "assistant"}
 MAX_TEMPERATURE = 2.0
 
@@ -35,6 +36,7 @@ class Prompt:
     messages: tuple[dict[str, str], ...] | None  # chat messages
     temperature: float
     max_tokens: int
+    prediction: str | None = None  # the output expected, sent as a Predicted Outputs `prediction`
 
     @property
     def greedy(self) -> bool:
@@ -55,6 +57,8 @@ class Prompt:
             body["messages"] = [dict(m) for m in self.messages or ()]
         else:
             body["prompt"] = self.text
+        if self.prediction is not None:
+            body["prediction"] = {"type": "content", "content": self.prediction}
         return body
 
 
@@ -95,9 +99,12 @@ def _entry(raw: Any, where: str) -> Prompt:
                 and isinstance(m["content"], str) and m["content"].strip() for m in messages):
             raise WorkloadError(f"{where}: messages must be a non-empty list of {{role, content}} "
                                 f"with role in {sorted(ROLES)} and non-empty content")
+    prediction = raw.get("prediction")
+    if prediction is not None and (not isinstance(prediction, str) or not prediction.strip()):
+        raise WorkloadError(f"{where}: prediction must be a non-empty string")
     if kind == CHAT and text is not None:
         messages, text = [{"role": "user", "content": text}], None
-    return Prompt(kind, text, tuple(messages) if messages else None, float(temperature), max_tokens)
+    return Prompt(kind, text, tuple(messages) if messages else None, float(temperature), max_tokens, prediction)
 
 
 def parse_workload(raw: Any, source: str) -> Workload:

@@ -29,12 +29,48 @@ class _Section(BaseModel):
 
 
 class ServerConfig(_Section):
-    """Where the proxy listens and how much it accepts."""
+    """Where the proxy listens, how much it accepts, and which browser pages may call it.
+
+    Any page open in a browser on this machine can send requests to a loopback port, spending the
+    routes' keys (CSRF) or, by rebinding its own name to our address, reading the answers. So every
+    path but the live page (which has a stricter rule of its own) answers only when:
+    - the Host header names a loopback address (localhost, 127.0.0.1, [::1]; any port), the address
+      `host` names, or one of `allowed_hosts`. Bound to 0.0.0.0 or :: the proxy serves a network on
+      purpose, under names it cannot know: any Host is accepted there until `allowed_hosts` lists the
+      names its clients use (IP addresses are then accepted too: a rebinding page always uses a name);
+    - the Origin header is absent (not a browser), the proxy's own origin, or one of
+      `allowed_origins` (`scheme://host[:port]`; "null" for sandboxed pages and files; "*" for any).
+      A listed origin also gets CORS answers, preflights included.
+    Anything else is a 403 with an OpenAI error body.
+    """
 
     host: str = Field(default=DEFAULT_HOST, min_length=1)
     port: int = Field(default=8080, ge=0, le=65535)
     max_body_bytes: int = Field(default=8 * MIB, gt=0)
     live: bool = False  # GET /speculoos/live: shows prompts and outputs, so off unless asked for
+    allowed_hosts: tuple[str, ...] = ()  # Host names (no port) accepted besides loopback and `host`; "*": any
+    allowed_origins: tuple[str, ...] = ()  # browser origins that may call the API
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        """Bare names or addresses, compared case-insensitively."""
+        for name in names:
+            if not name or any(c in name for c in "/@ \t") or (":" in name and not name.startswith("[")):
+                raise ValueError(f"must be host names without scheme or port, like proxy.lan or [::1] (got {name!r})")
+        return tuple(name.lower().strip("[]") for name in names)
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, origins: tuple[str, ...]) -> tuple[str, ...]:
+        """Origins as browsers send them: scheme, host and port only."""
+        normal = []
+        for origin in origins:
+            key = origin if origin in ("*", "null") else normal_origin(origin)
+            if key is None:
+                raise ValueError(f"must be scheme://host[:port], null or * (got {origin!r})")
+            normal.append(key)
+        return tuple(normal)
 
 
 class MatchConfig(_Section):
@@ -57,6 +93,8 @@ class UpstreamConfig(_Section):
     protocol: Literal["sglang", "vllm", "openai"] = "sglang"
     api_key: SecretStr | None = Field(default=None, min_length=1)
     model: str | None = Field(default=None, min_length=1)
+    # Connections open to it at once (a stream holds one to its end); requests beyond wait up to timeouts.pool.
+    connections: int = Field(default=100, ge=1)
 
     def api_key_value(self) -> str | None:
         """The key to send as `Authorization: Bearer` when the client sends none."""
@@ -97,13 +135,35 @@ class DraftConfig(_Section):
     min_token_prob: float = Field(default=0.1, gt=0, le=1)  # a lookup path stops below this estimated probability
     match_factor: float = Field(default=1.0, gt=0)  # a lookup path is at most this × its match length
     candidates: int = Field(default=1, ge=1, le=8)  # lookup paths verified per round (branches of the best)
-    share_history: bool = True  # suffix lookup also searches the route's recent outputs
+    # Suffix lookup also searches recent outputs: "key" those of requests with the same API key (a digest of
+    # the client's Authorization; requests without one share a scope), "route" every request's on the route,
+    # "none" (or false) none. true means "key": one client's outputs never draft for another unless asked.
+    share_history: Literal["key", "route", "none"] = "key"
     history_tokens: int = Field(default=65536, ge=0)  # the history's bound (least recently used dropped)
-    threads: int | None = Field(default=None, ge=1)
+    threads: int | None = Field(default=None, ge=1)  # None: every core
+    # Whether the draft runs on the cores of its target (auto: the upstream's host is this machine); then
+    # the two take turns on them, each computing with its threads while the other waits.
+    shares_cores: Literal["auto", True, False] = "auto"
     ctx: int = Field(default=4096, ge=128)
     gpu_layers: int = Field(default=0, ge=-1)  # -1 offloads every layer
     batch: int = Field(default=512, ge=1)
     parallel: int = Field(default=4, ge=1, le=64)  # requests that draft at once, each in its own sequence
+
+    @field_validator("share_history", mode="before")
+    @classmethod
+    def _history_scope(cls, value: Any) -> Any:
+        """The booleans of earlier configs: true is the per-key scope, false none."""
+        if isinstance(value, bool):
+            return "key" if value else "none"
+        return value
+
+    @field_validator("shares_cores", mode="before")
+    @classmethod
+    def _auto_or_boolean(cls, value: Any) -> Any:
+        """One message for every wrong value (the literal's own would name only `auto`)."""
+        if not (value == "auto" or isinstance(value, bool)):
+            raise ValueError(f"must be auto, true or false (got {value!r})")
+        return value
 
     @field_validator("ngram_max")
     @classmethod
@@ -162,6 +222,7 @@ class TimeoutsConfig(_Section):
     connect: float = Field(default=5.0, gt=0)
     first_byte: float = Field(default=120.0, gt=0)
     idle: float = Field(default=60.0, gt=0)  # longest silence inside a streaming body
+    pool: float = Field(default=30.0, gt=0)  # longest wait for a free connection when upstream.connections are busy
 
 
 class AssumedCostsConfig(_Section):
@@ -191,6 +252,9 @@ class FallbackConfig(_Section):
     probe_every_requests: int = Field(default=20, ge=1)
     probe_every_seconds: float = Field(default=300.0, gt=0)
     ewma_alpha: float = Field(default=0.1, gt=0, le=1)
+    # Time a few plain steps, verifications and draft steps at start-up, so the first request is decided
+    # from measured costs instead of paying to learn them.
+    calibrate: bool = True
     # Decide as if these were the costs (acceptance is still measured): a bench records, on this
     # machine, the rounds a route would make on other hardware, for `speculoos bench --simulate`.
     assume_costs: AssumedCostsConfig | None = None
@@ -290,6 +354,21 @@ def _problem(at: Loc, message: str) -> PydanticCustomError:
 def default_route_name(index: int) -> str:
     """The name of a route that has none."""
     return f"route-{index}"
+
+
+def normal_origin(origin: str) -> str | None:
+    """An http(s) origin as `scheme://host[:port]`, lower case, the scheme's default port left out; None if not one."""
+    try:
+        parts = urlsplit(origin.strip().rstrip("/"))
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname or parts.path or parts.query \
+            or parts.fragment or parts.username is not None:
+        return None
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    default = 80 if parts.scheme.lower() == "http" else 443
+    return f"{parts.scheme.lower()}://{host}" + (f":{port}" if port not in (None, default) else "")
 
 
 def _looks_like_path(model: str) -> bool:

@@ -90,6 +90,16 @@ class Ewma:
         self.value = x if self.value is None else (1.0 - share) * self.value + share * x
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """Costs timed at start-up, before any request, as a request's plain chunks and rounds time them; no acceptance."""
+
+    context: int  # tokens before the timed verifications
+    plain_seconds_per_token: float | None  # the target decoding alone, its prefill left out
+    verify_seconds: tuple[tuple[int, float], ...]  # (K, seconds) of each timed verification
+    draft_seconds_per_token: float | None  # the model drafting (None: the route has no model draft)
+
+
 @dataclass
 class RouteCosts:
     """What a route has measured so far, as EWMAs."""
@@ -112,6 +122,7 @@ class RouteCosts:
     # parts above leave out: where the two share cores, the model's reading and drafting slow the target.
     model_round_seconds: Ewma = field(init=False)
     model_round_tokens: Ewma = field(init=False)
+    model_round_ceiling: Ewma = field(init=False)  # ... and the tokens they would have emitted accepting every draft
     recent: deque[tuple[int, int, float]] = field(init=False)  # (k, context, seconds) of recent verifications
     context_slope: float = field(init=False)  # seconds a verification gains per token of context, refitted per round
 
@@ -128,6 +139,7 @@ class RouteCosts:
         self.plain_reading_per_token = Ewma(self.weight)
         self.model_round_seconds = Ewma(self.weight)
         self.model_round_tokens = Ewma(self.weight)
+        self.model_round_ceiling = Ewma(self.weight)
         self.recent = deque(maxlen=RECENT_VERIFICATIONS)
         self.context_slope = 0.0
 
@@ -142,6 +154,7 @@ class RouteCosts:
             if event.source == "model" and event.warm:
                 self.model_round_seconds.add(event.draft_seconds + event.verify_seconds)
                 self.model_round_tokens.add(len(event.emitted))
+                self.model_round_ceiling.add(len(event.drafted) + 1)
         elif isinstance(event, PlainEvent) and not event.prefill:
             self.record_plain(len(event.tokens), event.seconds, draft_busy=event.draft_busy)
         elif isinstance(event, ReadEvent):
@@ -174,6 +187,16 @@ class RouteCosts:
         self.context_by_k.setdefault(k, Ewma(self.weight)).add(context)
         self.recent.append((k, context, verify_seconds))
         self.context_slope = self._fit_context_slope()  # once per round, not once per K the policy weighs
+
+    def seed(self, calibration: Calibration) -> None:
+        """Start-up timings, folded in as a request's would be (each weighs as one observation); α stays unmeasured."""
+        for k, seconds in calibration.verify_seconds:
+            self.verify_by_k.setdefault(k, Ewma(self.weight)).add(seconds)
+            self.context_by_k.setdefault(k, Ewma(self.weight)).add(calibration.context)
+        if calibration.draft_seconds_per_token is not None:
+            self.draft_per_token.add(calibration.draft_seconds_per_token)
+        if calibration.plain_seconds_per_token is not None:
+            self.plain_per_token.add(calibration.plain_seconds_per_token)
 
     def record_read(self, agreed: Sequence[bool]) -> None:
         """A plain chunk a greedy request's draft read, weighed as one round: its survival and α at its longest K."""
@@ -289,6 +312,11 @@ class RouteCosts:
         tokens, seconds = self.model_round_tokens.value, self.model_round_seconds.value
         return self.model_round_seconds.samples, tokens / seconds if tokens is not None and seconds else None
 
+    def model_rounds_ceiling(self) -> float | None:
+        """The tokens/s the timed model rounds would have given had every draft been accepted (None before any)."""
+        tokens, seconds = self.model_round_ceiling.value, self.model_round_seconds.value
+        return tokens / seconds if tokens is not None and seconds else None
+
     def reading_slowdown(self) -> float | None:
         """The share of the plain rate lost while the draft model reads along (about 0 where each has its own
         device; None until both are measured). Read chunks are often shorter, so a call's overhead counts a
@@ -325,6 +353,9 @@ class AssumedCosts(RouteCosts):
 
     def record_plain(self, tokens: int, seconds: float, *, draft_busy: bool = False) -> None:
         """Nothing: the plain rate is assumed."""
+
+    def seed(self, calibration: Calibration) -> None:
+        """Nothing: the costs are assumed."""
 
     def verified_sizes(self) -> int:
         """Every K is known."""

@@ -93,10 +93,14 @@ def upper_bound(successes: int, trials: int, z: float = 2.0) -> float:
 
 
 class PinnedPolicy:
-    """The client pinned K: every round drafts that many."""
+    """The client pinned K, or forced speculation at the route's K: every round drafts that many, lookup paths in full.
 
-    def __init__(self, k: int) -> None:
-        self._decision = Decision(k, f"k={k} pinned by the client")
+    Forcing measures what drafting does (α, tokens per round) whatever it costs on this hardware, so
+    nothing the costs say shortens a draft or skips a round.
+    """
+
+    def __init__(self, k: int, reason: str | None = None) -> None:
+        self._decision = Decision(k, reason or f"k={k} pinned by the client")
 
     def next_k(self) -> Decision:
         """The pinned K."""
@@ -122,20 +126,20 @@ class RequestPolicy:
     """One request's K each round, from its own acceptance so far and the route's costs."""
 
     def __init__(self, costs: RouteCosts, settings: FallbackConfig, configured_k: int, start: Decision,
-                 *, forced: bool = False, explore: bool = True, pipelined: bool | None = None,
-                 reads_along: bool = False) -> None:
+                 *, explore: bool = True, pipelined: bool | None = None, reads_along: bool = False) -> None:
         self._costs, self._settings, self._configured_k = costs, settings, configured_k
         # The draft reads what the target writes, which counts as rounds. Reading is exploring: a request
         # on a lookup route that turned its model off does not read, unless it probes the model.
         self._reads_along = reads_along and explore
         self._pipelined = pipelined  # whether this request drafts ahead (None: as the route does)
         self._measured_plain = False  # this request decoded a plain chunk after the prefill with its draft idle
-        self._forced = forced  # the client asked to speculate: never switch to plain decoding
         self._explore = explore  # a route in passthrough: try the configured K for the first rounds
+        self._probing = explore and start.k == PASSTHROUGH_K  # ... which re-times costs that may have changed
         self.current = start  # the route's decision when the request started
         self.rounds = self.drafted = self.accepted = 0  # drafted and accepted: the model draft's
         self.reads = 0  # plain chunks the draft read: greedy rounds it would have made count as its own
         self._timed_rounds, self._timed_tokens, self._timed_seconds = 0, 0, 0.0  # the model's rounds, as they ran
+        self._timed_ceiling = 0  # ... and the tokens they would have emitted accepting every draft
         self.context: int | None = None  # tokens so far, once an event said
         self._reached = [0] * settings.k_max  # per position: the model's rounds that drafted it
         self._survived = [0] * settings.k_max  # ... and accepted it and every draft before it
@@ -157,6 +161,7 @@ class RequestPolicy:
                     self._timed_rounds += 1
                     self._timed_tokens += len(event.emitted)
                     self._timed_seconds += event.draft_seconds + event.verify_seconds
+                    self._timed_ceiling += len(event.drafted) + 1
                 self.drafted += len(event.drafted)
                 self.accepted += event.accepted
                 for position in range(min(len(event.drafted), len(self._reached))):
@@ -211,12 +216,25 @@ class RequestPolicy:
         best = self._best_if([1.0] * self._settings.k_max)
         return replace(best, reason=f"even accepting every draft, {best.reason}") if best.k == PASSTHROUGH_K else None
 
+    def _ruled_out(self) -> Decision | None:
+        """Plain decoding where the measured costs say no draft could pay, unless this request is a probe that has
+        not yet timed its round (costs measured long ago, at start-up say, may no longer hold)."""
+        return None if self._probing and not self.rounds else self._hopeless()
+
     def _measured_loss(self) -> Decision | None:
-        """Plain decoding once this request's own model rounds ran slower than plain decoding, else None."""
-        if (self._forced or self._costs.assumed or self._timed_rounds < MIN_ROUNDS_TO_JUDGE
-                or self._timed_seconds <= 0):
+        """Plain decoding once this request's own model rounds ran slower than plain decoding, else None.
+
+        One round is enough when even accepting its every draft would have lost (its time, not its luck, decided);
+        otherwise acceptance varies round to round, so it takes MIN_ROUNDS_TO_JUDGE.
+        """
+        if self._costs.assumed or self._timed_rounds == 0 or self._timed_seconds <= 0:
             return None  # assumed costs describe other hardware than the one the rounds ran on
-        return measured_loss(self._timed_tokens / self._timed_seconds, self._costs.plain_rate, self._settings)
+        plain = self._costs.plain_rate
+        if (lost := measured_loss(self._timed_ceiling / self._timed_seconds, plain, self._settings)) is not None:
+            return replace(lost, reason=f"even accepting every draft, {lost.reason}")
+        if self._timed_rounds < MIN_ROUNDS_TO_JUDGE:
+            return None
+        return measured_loss(self._timed_tokens / self._timed_seconds, plain, self._settings)
 
     def model_may_pay(self) -> bool:
         """Whether the model draft could still beat plain decoding on this request, so its reading along is worth it.
@@ -224,11 +242,12 @@ class RequestPolicy:
         False on a lookup route that has turned the model off, unless this request probes it (reading
         is exploring), and once even this request's own survival curve at its upper bounds predicts a
         loss at every K (the text is not one the draft predicts, and on shared cores reading it slows
-        the target), or once its model rounds, timed as they ran, were slower than plain decoding.
+        the target), or once its model rounds, timed as they ran, were slower than plain decoding, or once the
+        measured costs say that even accepting every draft could not beat it.
         """
-        if not self._explore or self._measured_loss() is not None:
-            return False  # not exploring (see _reads_along), or its drafting lost as it ran
-        if self._forced or self._costs.plain_rate is None or self.drafted < MIN_TOKENS_TO_GIVE_UP:
+        if not self._explore or self._measured_loss() is not None or self._ruled_out() is not None:
+            return False  # not exploring (see _reads_along), its drafting lost as it ran, or it cannot pay at all
+        if self._costs.plain_rate is None or self.drafted < MIN_TOKENS_TO_GIVE_UP:
             return True
         optimistic = [upper_bound(s, r) if r else None for s, r in zip(self._survived, self._reached, strict=True)]
         alpha = upper_bound(self.accepted, self.drafted)
@@ -237,29 +256,28 @@ class RequestPolicy:
     def next_k(self) -> Decision:
         """K for the next round; 0 to continue by plain decoding."""
         evidence = self._evidence()
-        if self._costs.plain_rate is None and not self._measured_plain and not self._forced:
+        if self._costs.plain_rate is None and not self._measured_plain:
             # A fresh route does not know what speculation competes with: plain chunks (the prefill's, then
             # one with the draft idle) measure that before the first round, so one round can tell whether any
             # could pay.
             return Decision(PASSTHROUGH_K, "measuring the plain rate before deciding", measure_plain=True)
-        if evidence < MIN_ROUNDS_BEFORE_SWITCH:
-            if self._reads_along and not (self.current.k > 0 and self.current.plain_rate is not None):
-                # Unless the route has found that speculation beats plain decoding, reading the
-                # target's first chunks tells as much as exploring rounds would, at no risk.
-                return Decision(PASSTHROUGH_K, READING, reading=True)
-            if self.rounds and not self._forced and (hopeless := self._hopeless()) is not None:
-                return hopeless  # one round measured the costs: exploring acceptance cannot change the answer
-            # A probe starts from a route in passthrough (k = 0): it explores at the configured k.
-            return Decision(self.current.k or (self._configured_k if self._explore else 0), self.current.reason)
         if (lost := self._measured_loss()) is not None:
             self.current = lost
             return lost
+        if evidence < MIN_ROUNDS_BEFORE_SWITCH:
+            if (hopeless := self._ruled_out()) is not None:
+                return hopeless  # the costs are measured (at start-up, or by a round): acceptance cannot change it
+            retiming = self._probing and self._hopeless() is not None  # only a round can tell whether costs changed
+            if self._reads_along and not retiming and not (self.current.k > 0 and self.current.plain_rate is not None):
+                # Unless the route has found that speculation beats plain decoding, reading the
+                # target's first chunks tells as much as exploring rounds would, at no risk.
+                return Decision(PASSTHROUGH_K, READING, reading=True)
+            # A probe starts from a route in passthrough (k = 0): it explores at the configured k.
+            return Decision(self.current.k or (self._configured_k if self._explore else 0), self.current.reason)
         alpha = self.accepted / self.drafted if self.drafted else self._costs.alpha.value
         rounds = evidence if self.drafted else self._costs.alpha.samples
         self.current = choose_k(self._costs, self._settings, self._configured_k, alpha=alpha, alpha_rounds=rounds,
                                 speculating=self.current.k > 0, pipelined=self._pipelined, context=self.context,
                                 resume_margin=max(RESUME_MARGIN, self._settings.hysteresis),
                                 curve=self.survival())
-        if self.current.k == PASSTHROUGH_K and self._forced:
-            return Decision(1, f"speculation forced by the client ({self.current.reason})")
         return self.current

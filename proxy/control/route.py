@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from proxy.config.schema import FallbackConfig
-from proxy.control.costs import AssumedCosts, RouteCosts
+from proxy.control.costs import AssumedCosts, Calibration, RouteCosts
 from proxy.control.policy import (
     MIN_ROUNDS_BEFORE_SWITCH,
     NOT_MEASURED,
+    PASSTHROUGH_K,
     Decision,
+    PinnedPolicy,
     RequestPolicy,
     choose_k,
     measured_loss,
@@ -28,6 +30,7 @@ from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent
 # The route judges its model by fewer timed rounds than a request does: wrongly off, it loses what probes
 # win back; wrongly on, it slows every request that follows.
 ROUTE_ROUNDS_TO_JUDGE = 4
+ALPHA_NOT_MEASURED = "acceptance not measured yet: requests measure it (reading along, then rounds)"
 
 
 @dataclass
@@ -43,6 +46,7 @@ class RouteController:
     current: Decision = field(init=False)
     requests_since_probe: int = 0
     last_probe: float = field(init=False)
+    calibration: Calibration | None = None  # the costs timed at start-up, if they were
 
     def __post_init__(self) -> None:
         assumed = self.settings.assume_costs
@@ -61,26 +65,51 @@ class RouteController:
         """A passthrough answer's decoding rate (a measurement only; the route's mode changes at probes)."""
         self.costs.record_plain(tokens, seconds)
 
+    def calibrated(self, calibration: Calibration) -> Decision:
+        """Seed the costs with start-up timings and decide from them."""
+        self.calibration = calibration
+        self.costs.seed(calibration)
+        return self.decide()
+
     def decide(self) -> Decision:
-        """The route's decision from its own α and costs, unless its model rounds, timed as they ran, lost."""
+        """The route's decision from its own α and costs, unless its model rounds, timed as they ran, lost.
+
+        Until some request measured α, costs alone turn the model off only where accepting every draft
+        would not beat plain decoding by the margin that starting to speculate needs: a prior α would
+        decide for the workload before any of it was seen.
+        """
         alpha = self.costs.alpha
-        self.current = choose_k(self.costs, self.settings, self.configured_k, alpha=alpha.value,
-                                alpha_rounds=alpha.samples, speculating=self.current.k > 0,
-                                curve=self.costs.survival(self.settings.k_max))
+        if alpha.samples == 0:
+            best = choose_k(self.costs, self.settings, self.configured_k, alpha=None, alpha_rounds=0,
+                            speculating=False, curve=[1.0] * self.settings.k_max)
+            self.current = (replace(best, reason=f"even accepting every draft, {best.reason}")
+                            if best.k == PASSTHROUGH_K else Decision(self.configured_k, ALPHA_NOT_MEASURED))
+        else:
+            self.current = choose_k(self.costs, self.settings, self.configured_k, alpha=alpha.value,
+                                    alpha_rounds=alpha.samples, speculating=self.current.k > 0,
+                                    curve=self.costs.survival(self.settings.k_max))
         rounds, rate = self.costs.model_rounds_run()
-        if self.current.k > 0 and rounds >= ROUTE_ROUNDS_TO_JUDGE and not self.costs.assumed:
+        if self.current.k == 0 or not rounds or self.costs.assumed:
+            return self.current
+        # One timed round suffices where even its every draft accepted lost; acceptance needs several.
+        if (lost := measured_loss(self.costs.model_rounds_ceiling(), self.costs.plain_rate, self.settings)) is not None:
+            self.current = replace(lost, reason=f"even accepting every draft, {lost.reason}")
+        elif rounds >= ROUTE_ROUNDS_TO_JUDGE:
             self.current = measured_loss(rate, self.costs.plain_rate, self.settings) or self.current
         return self.current
 
-    def policy(self, *, forced: bool = False, pipelined: bool | None = None, reads_along: bool = False) -> RequestPolicy:
-        """A new request's policy, starting from the route's decision.
+    def policy(self, *, forced: bool = False, pipelined: bool | None = None,
+               reads_along: bool = False) -> RequestPolicy | PinnedPolicy:
+        """A new request's policy, starting from the route's decision; a forced one drafts at the configured K.
 
         On a route that looks up, every request speculates, so the model draft, once the route has
         turned it off, is explored again only at the probes' pace, not by every request.
         """
-        explore = not self.looks_up or self.current.k > 0 or forced or self._probe_due()
-        return RequestPolicy(self.costs, self.settings, self.configured_k, self.current, forced=forced,
-                             explore=explore, pipelined=pipelined, reads_along=reads_along)
+        if forced:
+            return PinnedPolicy(self.configured_k, f"k={self.configured_k}: speculation forced by the client")
+        explore = not self.looks_up or self.current.k > 0 or self._probe_due()
+        return RequestPolicy(self.costs, self.settings, self.configured_k, self.current, explore=explore,
+                             pipelined=pipelined, reads_along=reads_along)
 
     def start_request(self) -> tuple[bool, str]:
         """Whether a new request should speculate, and why."""
@@ -126,4 +155,5 @@ class RouteController:
             "reading_slowdown": costs.reading_slowdown(),
             "predicted_tokens_per_second_by_k": {k: costs.speculative_rate(k) for k in range(s.k_min, s.k_max + 1)},
             "assumed_costs": s.assume_costs.model_dump() if s.assume_costs else None,
+            "calibration": asdict(self.calibration) if self.calibration else None,
         }

@@ -21,6 +21,7 @@ from typing import TypeVar
 
 import structlog
 
+from proxy.config.schema import MAX_K
 from proxy.control.policy import Decision
 from proxy.decode.ahead import DraftAhead
 from proxy.decode.events import ReadEvent, RoundEvent, SwitchEvent
@@ -34,18 +35,21 @@ from proxy.targets.base import Target
 
 log = structlog.get_logger("speculoos.loop")
 T = TypeVar("T")
-START_CHUNK = 4  # plain tokens per target call while the draft model reads the prompt, and right after the prompt
+START_CHUNK = 4  # plain tokens per target call while the draft model reads the prompt
+FIRST_CHUNK = 1  # the call that pays the prompt's prefill: its token goes to the client as soon as the server's would
+DRAFT_ROOM = 2 * MAX_K + 1  # context the model may need past the current one: a round's drafts, a draft-ahead's
+OUTGROWN = "the context outgrew the draft model's"
 
 
 async def speculative_tokens(session: Session, drafter: Drafter, target: Target) -> AsyncIterator[list[int]]:
     """Yield each round's emitted tokens; continue by plain decoding when the policy says K = 0."""
     rounds = _Rounds(session, drafter, target)
-    is_end = drafter.vocabulary.is_end_of_generation
+    is_end = session.is_end(drafter)
     produced = 0
     try:
         while produced < session.max_tokens:
             remaining = session.max_tokens - produced
-            decision = session.policy.next_k()
+            decision = rounds.within_draft_context(session.policy.next_k())
             if decision.k == 0:
                 await rounds.stop_ahead()
                 rounds.resumes = rounds.resumes and session.policy.model_may_pay()
@@ -94,6 +98,18 @@ class _Rounds:
         self.reading_prompt: asyncio.Future[None] | None = None  # the chain's first: the prompt
         self.started_reading = False
         self.switched = False  # a SwitchEvent was published
+        self.outgrown = False  # the context no longer fits the draft model's
+
+    def within_draft_context(self, decision: Decision) -> Decision:
+        """The decision, or K = 0 once the context outgrew the draft model's: from then on the model neither drafts
+        nor reads, and the rest is decoded plainly or drafted by lookups (which need no context)."""
+        if not self.outgrown and not self.drafter.fits(len(self.context) + DRAFT_ROOM):
+            self.outgrown, self.reads, self.resumes = True, False, False
+        return Decision(0, OUTGROWN) if self.outgrown and (decision.k > 0 or decision.reading) else decision
+
+    def _first_chunk(self) -> int | None:
+        """FIRST_CHUNK where the next plain call pays the prompt's prefill (and so measures nothing), else None."""
+        return FIRST_CHUNK if self.session.at_prompt(self.context) else None
 
     def over_tv(self) -> bool:
         """Whether bounded sampling's error budget is spent."""
@@ -153,16 +169,14 @@ class _Rounds:
     async def step(self, decision: Decision, remaining: int) -> tuple[int, ...]:
         """The next tokens, up to the end of generation: a plain chunk to measure the plain rate, a plain chunk
         after a lookup miss, or a round."""
-        session, is_end = self.session, self.drafter.vocabulary.is_end_of_generation
+        session, is_end = self.session, self.session.is_end(self.drafter)
         reading_prompt = not self.prompt_read()
         if decision.k == 0 and (decision.measure_plain or not self.drafter.looks_up):
             self._switch(decision)
-            # The chunk straight after the prompt pays its prefill and measures nothing: short, so tokens come soon.
-            short = reading_prompt or session.at_prompt(self.context)
-            return await self._plain(min(START_CHUNK if short else PLAIN_CHUNK, remaining),
-                                     read=not decision.measure_plain)
+            n = self._first_chunk() or (START_CHUNK if reading_prompt else PLAIN_CHUNK)
+            return await self._plain(min(n, remaining), read=not decision.measure_plain)
         if reading_prompt and not self.drafter.looks_up:  # the target goes on while the draft reads the prompt
-            return await self._plain(min(START_CHUNK, remaining))
+            return await self._plain(min(self._first_chunk() or START_CHUNK, remaining))
         # A round emits up to k + 1 tokens; the last round still drafts one so every token goes
         # through the sampler. Cutting a round's output short keeps it exact (each prefix follows
         # the target's distribution).
@@ -184,7 +198,8 @@ class _Rounds:
         if not draft.tokens:
             # While the model drafts nothing, a sampled request's model learns nothing from reading the chunk
             # (a later draft reads what it missed), and where it shares the target's cores it slows the target.
-            return await self._plain(min(session.policy.plain_chunk(), remaining), lookup_missed=True,
+            return await self._plain(min(self._first_chunk() or session.policy.plain_chunk(), remaining),
+                                     lookup_missed=True,
                                      declined=draft.declined, read=decision.k > 0 or self.resumes)
         drafted_at = time.perf_counter()
         verification = asyncio.ensure_future(_verify(session, self.target, self.context, draft))
@@ -221,7 +236,7 @@ class _Rounds:
         busy = self.reading is not None and not self.reading.done()
         tokens = await plain_chunk(self.session, self.target, self.context, n, lookup_missed=lookup_missed,
                                    declined=declined, draft_busy=busy)
-        tokens = _until_end(tuple(tokens), self.drafter.vocabulary.is_end_of_generation)
+        tokens = _until_end(tuple(tokens), self.session.is_end(self.drafter))
         if self.reads and read and tokens:
             self._read(tokens)
         return tokens
@@ -250,7 +265,7 @@ def _draft_ahead(session: Session, drafter: Drafter, context: list[int], draft: 
     """Start drafting the next round from the all-accepted branch, when the request pipelines and one may follow."""
     after = remaining - len(draft) - 1  # tokens still to emit if this round accepts everything
     if (not session.pipeline or draft.source != "model" or draft.alternatives or after <= 0
-            or drafter.vocabulary.is_end_of_generation(draft.tokens[-1])):
+            or session.is_end(drafter)(draft.tokens[-1])):
         return None
     k = session.policy.next_k().k
     if k == 0:

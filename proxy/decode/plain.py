@@ -17,7 +17,8 @@ async def plain_chunk(session: Session, target: Target, context: list[int], n: i
                       draft_busy: bool = False) -> list[int]:
     """Up to n tokens decoded by the target after context, published as a PlainEvent."""
     started = time.perf_counter()
-    tokens = await target.generate(context, n, session.params, session.target_seed(), session.client_headers)
+    tokens = await target.generate(context, n, session.params, session.target_seed(), session.client_headers,
+                                   model=session.model)
     session.publish(PlainEvent(session.request_id, session.route, tuple(tokens), time.perf_counter() - started,
                                lookup_missed, declined, prefill=session.at_prompt(context),
                                draft_busy=draft_busy))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from proxy.control.policy import Decision
 from proxy.decode.events import Event, Subscriber
-from proxy.drafting.base import DraftPlan
+from proxy.drafting.base import Drafter, DraftPlan
 from proxy.sampling.processors import SamplerOrder, SamplingParams
 from proxy.targets.base import ScorePlan
 
@@ -81,6 +81,13 @@ class Session:
     lookup_k: int = 0  # the longest lookup draft (0: the round's K)
     pipeline: bool = False  # draft the next round ahead while a round is verified
     warm_up: bool = False  # decode plainly while the draft model reads the prompt, instead of waiting for it
+    model: str | None = None  # the model named upstream (as forwarded): verified against as itself
+    ends: Callable[[int], bool] | None = None  # where the target ends a generation (None: where the draft's vocabulary
+    # does, for drafts and targets of one toy vocabulary)
+
+    def is_end(self, drafter: Drafter) -> Callable[[int], bool]:
+        """The target's ends of generation: the stop set learned from the upstream."""
+        return self.ends or drafter.vocabulary.is_end_of_generation
 
     def draft_plan(self, k: int, cap: int) -> DraftPlan:
         """A round's request to the drafter: k model tokens, lookup paths up to lookup_k (both within cap)."""
@@ -97,4 +104,4 @@ class Session:
 
     def score_plan(self) -> ScorePlan:
         """A round's request to the target."""
-        return ScorePlan(self.params, self.top_n, self.target_seed(), self.client_headers)
+        return ScorePlan(self.params, self.top_n, self.target_seed(), self.client_headers, self.model)

@@ -22,7 +22,7 @@ class Draft:
     tokens: tuple[int, ...]  # [k]
     probs: np.ndarray  # [k, vocab] float64: the exact distribution each token was sampled from,
     # truncated to the draft's top candidates so the target can be asked about every one of them
-    source: str = "model"  # "model", or "lookup" for deterministic drafts found in the context or history
+    source: str = "model"  # "model", "lookup" (found in the context or history) or "prediction" (the client's)
     alternatives: tuple[tuple[int, ...], ...] = ()  # more deterministic candidates, verified in the same round
     declined: tuple[int, ...] = ()  # a lookup path found but judged not worth verifying (the policy learns from it)
     # The model's time per drafted token, its reading of context it had not seen left out (None: not timed,
@@ -53,6 +53,9 @@ class Vocabulary(Protocol):
     """The tokenizer side of a drafter's GGUF: what text streams and tokenizer checks need."""
 
     n_vocab: int
+    # Ends of generation by llama.cpp's own rules (FIM separators, ordinary tokens that read like an end marker),
+    # where servers that follow the HF generation config go on.
+    llama_only_ends: frozenset[int]
 
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         """Token ids for text."""
@@ -78,8 +81,9 @@ class Drafter(Protocol):
     vocabulary: Vocabulary
     looks_up: bool  # proposes lookup paths (free): plain decoding is then decided round by round
 
-    def reserve(self, request_id: str, context: Sequence[int]) -> bool:
-        """Hold what a request needs for its lifetime (a sequence); False when nothing is free."""
+    def reserve(self, request_id: str, context: Sequence[int], *, tenant: str = "") -> bool:
+        """Hold what a request needs for its lifetime (a sequence); False when nothing is free. `tenant` (a digest
+        of the client's key) says whose earlier outputs the request may draft from, for drafters that keep them."""
         ...
 
     def release(self, request_id: str) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 
 from proxy.drafting.base import Draft, DraftPlan
 from proxy.engine.batcher import StepBatcher
+from proxy.engine.gate import CoreGate
 from proxy.engine.llama import EngineOptions, LlamaEngine
 from proxy.engine.prefix import common_prefix_length
 from proxy.engine.runner import EngineRunner
@@ -43,7 +44,7 @@ class LlamaDrafter:
         """Load a GGUF as a draft model (blocking: call at start-up)."""
         return cls(LlamaEngine(options))
 
-    def reserve(self, request_id: str, context: Sequence[int]) -> bool:
+    def reserve(self, request_id: str, context: Sequence[int], *, tenant: str = "") -> bool:
         """Lease a sequence for a request (the one sharing most of its context); False when all are in use."""
         lease = self._leases.acquire(context)
         if lease is None:
@@ -60,6 +61,10 @@ class LlamaDrafter:
         self._copies.pop(request_id, None)
         if seq is not None:
             self._leases.release(seq)
+
+    def take_turns(self, gate: CoreGate) -> None:
+        """Compute only in the draft's turns at the gate: the target shares this machine's cores."""
+        self._runner.gate = gate
 
     def occupancy(self) -> tuple[int, int]:
         """(sequences in use, sequences)."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from proxy.drafting.base import Draft, Drafter, DraftPlan
 from proxy.drafting.edits import Edit, in_prompt_words, learn_edits, replay
-from proxy.drafting.suffix import MAX_MATCH, Continuation, LookupSettings, OutputHistory, continuations
+from proxy.drafting.suffix import MAX_MATCH, Continuation, LookupSettings, OutputHistory, ScopedHistory, continuations
 from proxy.sampling.processors import one_hot
 
 
@@ -42,7 +42,7 @@ class LookupDrafter:
         self.looks_up = True
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def reserve(self, request_id: str, context: Sequence[int]) -> bool:
+    def reserve(self, request_id: str, context: Sequence[int], *, tenant: str = "") -> bool:
         """Lookup keeps no per-request state."""
         return True
 
@@ -75,33 +75,46 @@ class LookupDrafter:
         self._tokenizer.close()
 
 
-class SuffixDrafter(LookupDrafter):
-    """Suffix lookup over the request's own context and, unless kept apart, the route's recent outputs;
-    where the output copies its prompt with changes, the prompt's continuation with those changes made."""
+ROUTE_SCOPE = "route"  # the one history scope of a route that shares its outputs across tenants
 
-    def __init__(self, tokenizer: Drafter, settings: LookupSettings, *, history_tokens: int = 0) -> None:
+
+class SuffixDrafter(LookupDrafter):
+    """Suffix lookup over the request's own context and, unless kept apart, recent outputs of the same tenant
+    (or, `per_tenant` off, of the whole route); where the output copies its prompt with changes, the prompt's
+    continuation with those changes made. A request that reserved nothing sees no one's outputs."""
+
+    def __init__(self, tokenizer: Drafter, settings: LookupSettings, *, history_tokens: int = 0,
+                 per_tenant: bool = True) -> None:
         super().__init__(tokenizer)
         self.settings = settings
-        self.history = OutputHistory(history_tokens) if history_tokens > 0 else None
-        self._requests: dict[str, tuple[int, Sequence[int]]] = {}  # request id -> (prompt length, latest context)
+        self.history = ScopedHistory(history_tokens) if history_tokens > 0 else None
+        self.per_tenant = per_tenant
+        # request id -> (prompt length, latest context, history scope)
+        self._requests: dict[str, tuple[int, Sequence[int], str]] = {}
         self._edits: dict[str, tuple[int, list[Edit]]] = {}  # request id -> (context length, its output's edits)
 
-    def reserve(self, request_id: str, context: Sequence[int]) -> bool:
-        """Remember where the prompt ends, to keep the output for the history."""
-        self._requests[request_id] = (len(context), context)
+    def reserve(self, request_id: str, context: Sequence[int], *, tenant: str = "") -> bool:
+        """Remember where the prompt ends and whose history the request reads and joins."""
+        self._requests[request_id] = (len(context), context, tenant if self.per_tenant else ROUTE_SCOPE)
         return True
 
     def release(self, request_id: str) -> None:
-        """Add the request's output to the route's history."""
-        prompt_length, context = self._requests.pop(request_id, (0, ()))
+        """Add the request's output to its scope's history."""
+        prompt_length, context, scope = self._requests.pop(request_id, (0, (), ""))
         self._edits.pop(request_id, None)
-        if self.history is not None:
-            self.history.add(list(context[prompt_length:]))
+        if self.history is not None and context:
+            self.history.add(scope, list(context[prompt_length:]))
+
+    def _history(self, request_id: str) -> OutputHistory | None:
+        """The outputs this request may draft from."""
+        reserved = self._requests.get(request_id)
+        return None if self.history is None or reserved is None else self.history.get(reserved[2])
 
     async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
         """The best path (trimmed to what is worth verifying) and its branches, one-hot; possibly nothing."""
         if plan.request_id in self._requests:
-            self._requests[plan.request_id] = (self._requests[plan.request_id][0], context)
+            prompt_length, _, scope = self._requests[plan.request_id]
+            self._requests[plan.request_id] = (prompt_length, context, scope)
         paths, declined = self.paths(context, plan)
         if not paths:
             return Draft((), one_hot((), self.vocabulary.n_vocab), "lookup", declined=declined)
@@ -114,10 +127,11 @@ class SuffixDrafter(LookupDrafter):
         settings = replace(self.settings, max_tokens=min(self.settings.max_tokens, plan.lookup_k or plan.k))
         query = np.asarray(context, dtype=np.int64)
         found = continuations(query, query, settings)
-        if self.history is not None:
-            shared = continuations(self.history.corpus(), query, settings)
+        history = self._history(plan.request_id)
+        if history is not None:
+            shared = continuations(history.corpus(), query, settings)
             if shared and (not found or shared[0].score > found[0].score):
-                self.history.touch(shared[0].anchor)
+                history.touch(shared[0].anchor)
                 found = shared
         edited = self._edited(context, plan.request_id, settings)
         if edited is not None and (not found or edited.match_length >= found[0].match_length):
@@ -134,7 +148,7 @@ class SuffixDrafter(LookupDrafter):
     def _edited(self, context: Sequence[int], request_id: str, settings: LookupSettings) -> Continuation | None:
         """The prompt's continuation from where the output's copy of it stands, with the output's changes made;
         None while the output has made no change that could repeat."""
-        prompt_length = self._requests.get(request_id, (0, ()))[0]
+        prompt_length = self._requests.get(request_id, (0, (), ""))[0]
         if prompt_length == 0:
             return None
         known_length, edits = self._edits.get(request_id, (-1, []))
@@ -158,9 +172,9 @@ class SuffixDrafter(LookupDrafter):
 class HybridDrafter(SuffixDrafter):
     """Suffix lookup when a path is worth verifying, the draft model otherwise (decided every round)."""
 
-    def reserve(self, request_id: str, context: Sequence[int]) -> bool:
-        """The model's sequence (and the prompt's length, for the history)."""
-        return self._tokenizer.reserve(request_id, context) and super().reserve(request_id, context)
+    def reserve(self, request_id: str, context: Sequence[int], *, tenant: str = "") -> bool:
+        """The model's sequence (and the prompt's length and the tenant, for the history)."""
+        return self._tokenizer.reserve(request_id, context) and super().reserve(request_id, context, tenant=tenant)
 
     def release(self, request_id: str) -> None:
         """The model's sequence; the output joins the history."""

@@ -1,4 +1,4 @@
-"""Suffix lookup: continuations of the context's tail found in the request itself and in a route's recent outputs.
+"""Suffix lookup: continuations of the context's tail found in the request itself and in recent outputs.
 
 SuffixDecoding (Oliaro et al. 2024, arXiv:2411.04975; Arctic Inference) keeps suffix trees and
 walks the most frequent continuation of the longest match. Here the "tree" is walked directly on
@@ -126,12 +126,13 @@ def continuations(corpus: np.ndarray, query: np.ndarray, settings: LookupSetting
 
 
 class OutputHistory:
-    """A route's recent outputs as one corpus, bounded in tokens, least recently used dropped first."""
+    """Recent outputs as one corpus, bounded in tokens, least recently used dropped first."""
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens
         self._outputs: OrderedDict[int, np.ndarray] = OrderedDict()
         self._next_key = 0
+        self._tokens = 0
         self._corpus: np.ndarray | None = None
         self._starts: np.ndarray = np.empty(0, dtype=np.int64)
         self._keys: list[int] = []
@@ -139,17 +140,27 @@ class OutputHistory:
     @property
     def tokens(self) -> int:
         """Tokens held."""
-        return sum(output.size for output in self._outputs.values())
+        return self._tokens
 
     def add(self, output: Sequence[int]) -> None:
         """Remember an output (too-short ones teach nothing)."""
         if len(output) < 2:
             return
         self._outputs[self._next_key] = np.asarray(output[-self.max_tokens:], dtype=np.int64)
+        self._tokens += self._outputs[self._next_key].size
         self._next_key += 1
-        while self.tokens > self.max_tokens:
-            self._outputs.popitem(last=False)
+        while self._tokens > self.max_tokens:
+            self.drop_oldest()
         self._corpus = None
+
+    def drop_oldest(self) -> int:
+        """Forget the least recently used output; the tokens freed."""
+        if not self._outputs:
+            return 0
+        freed = self._outputs.popitem(last=False)[1].size
+        self._tokens -= freed
+        self._corpus = None
+        return freed
 
     def corpus(self) -> np.ndarray:
         """Every output, separated, oldest first (so later positions are more recent)."""
@@ -171,3 +182,39 @@ class OutputHistory:
         if key in self._outputs:
             self._outputs.move_to_end(key)
             self._corpus = None
+
+
+class ScopedHistory:
+    """Recent outputs kept apart by scope (one per tenant, or one for the whole route), bounded in tokens
+    together: the least recently used scope loses its oldest outputs first."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self._scopes: OrderedDict[str, OutputHistory] = OrderedDict()
+
+    @property
+    def tokens(self) -> int:
+        """Tokens held, every scope together."""
+        return sum(history.tokens for history in self._scopes.values())
+
+    def get(self, scope: str) -> OutputHistory | None:
+        """The scope's outputs (None: it has none); reading it counts as using it."""
+        history = self._scopes.get(scope)
+        if history is not None:
+            self._scopes.move_to_end(scope)
+        return history
+
+    def add(self, scope: str, output: Sequence[int]) -> None:
+        """Remember an output in its scope, making room in the least recently used scopes."""
+        history = self._scopes.get(scope) or OutputHistory(self.max_tokens)
+        history.add(output)
+        if not history.tokens:
+            return
+        self._scopes[scope] = history
+        self._scopes.move_to_end(scope)
+        excess = self.tokens - self.max_tokens
+        while excess > 0:  # the scope just used is last, and alone it is within the bound
+            oldest_scope, oldest = next(iter(self._scopes.items()))
+            excess -= oldest.drop_oldest()
+            if not oldest.tokens:
+                del self._scopes[oldest_scope]

@@ -8,7 +8,6 @@ prefix its sequence already holds and drops only the suffix that differs.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from llama_cpp import Llama
 from llama_cpp._internals import LlamaBatch, LlamaContext
 
 from proxy.engine.prefix import common_prefix_length
+from proxy.engine.threads import usable_cores
 from proxy.engine.vocabulary import LlamaVocabulary
 from proxy.errors import BadRequestError, ContextOverflowError
 
@@ -33,7 +33,7 @@ class EngineOptions:
 
     model_path: Path
     n_ctx: int = 4096  # per sequence
-    n_threads: int | None = None
+    n_threads: int | None = None  # None: every core this process may run on
     n_batch: int = DEFAULT_BATCH
     n_gpu_layers: int = 0
     n_seq: int = 1  # sequences (concurrent requests) with a cache of their own
@@ -72,7 +72,7 @@ class LlamaEngine:
     """A llama.cpp model with n_seq KV-cached sequences; evaluates token ids and returns chosen logit rows."""
 
     def __init__(self, options: EngineOptions) -> None:
-        threads = options.n_threads or max(1, os.cpu_count() or 1)
+        threads = options.n_threads or usable_cores()
         self.options = options
         self._llama = Llama(model_path=str(options.model_path), n_ctx=LOADER_CTX, n_batch=LOADER_CTX,
                             n_threads=threads, n_gpu_layers=options.n_gpu_layers, verbose=False)
@@ -93,6 +93,7 @@ class LlamaEngine:
         self.n_vocab: int = self.vocabulary.n_vocab
         self.n_ctx: int = options.n_ctx
         self.n_seq: int = options.n_seq
+        self.threads: int = threads
 
     def held(self, seq: int) -> list[int]:
         """The tokens sequence `seq` holds in its cache."""

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
+from proxy.engine.gate import DRAFT, CoreGate
 from proxy.engine.llama import LlamaEngine
 
 T = TypeVar("T")
@@ -18,6 +19,7 @@ class EngineRunner:
 
     def __init__(self, engine: LlamaEngine) -> None:
         self.engine = engine
+        self.gate: CoreGate | None = None  # set when this (draft) engine takes turns with its target on shared cores
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama")
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -26,7 +28,14 @@ class EngineRunner:
 
     def submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """Queue a blocking call now (calls run in the order they are queued); await the future for its result."""
-        return asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args))
+        call = partial(fn, *args)
+        if self.gate is None:
+            return asyncio.get_running_loop().run_in_executor(self._executor, call)
+        return asyncio.ensure_future(self._in_turn(self.gate, call))  # the gate admits one side's calls in order
+
+    async def _in_turn(self, gate: CoreGate, call: Callable[[], T]) -> T:
+        async with gate.turn(DRAFT):
+            return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     def close(self) -> None:
         """Stop the worker thread and free the model."""

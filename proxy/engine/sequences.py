@@ -17,9 +17,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from proxy.engine.prefix import common_prefix_length
+from proxy.errors import OverloadedError
 
 # A copy moves a whole cache stream; below this many shared tokens, evaluating them again is cheaper.
 MIN_COPIED_TOKENS = 16
+# What a refused caller is told to wait before trying again: about one generation's worth.
+RETRY_AFTER_S = 1
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,10 @@ class SequenceLeases:
         self._busy = [False] * n_seq
         self._clock = itertools.count()
         self._last_used = [next(self._clock) for _ in range(n_seq)]
+
+    def __len__(self) -> int:
+        """How many sequences there are."""
+        return len(self._busy)
 
     @property
     def free(self) -> int:
@@ -73,27 +80,49 @@ class SequenceLeases:
 
 
 class SequencePool:
-    """Leases that wait: an async caller blocks until a sequence is free."""
+    """Leases that wait: an async caller blocks until a sequence is free, in a queue of bounded length."""
 
-    def __init__(self, leases: SequenceLeases) -> None:
+    def __init__(self, leases: SequenceLeases, *, max_waiting: int | None = None) -> None:
         self.leases = leases
+        self.max_waiting = max_waiting  # None: no bound
         self._waiters: deque[asyncio.Future[None]] = deque()
 
+    @property
+    def waiting(self) -> int:
+        """How many callers wait for a sequence."""
+        return len(self._waiters)
+
     async def acquire(self, context: Sequence[int]) -> Lease:
-        """Lease a sequence for context, waiting (first come, first served) while all are leased."""
-        while (lease := self.leases.acquire(context)) is None:
+        """Lease a sequence for context, waiting (first come, first served) while all are leased.
+
+        Raises OverloadedError, without waiting, when all are leased and `max_waiting` callers already wait.
+        """
+        lease = self.leases.acquire(context)
+        if lease is None and self.max_waiting is not None and len(self._waiters) >= self.max_waiting:
+            raise OverloadedError(f"all {len(self.leases)} sequences are busy and the queue of {self.max_waiting} "
+                                  "waiting requests is full; retry later", retry_after_s=RETRY_AFTER_S)
+        while lease is None:
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:
                 await waiter
+            except asyncio.CancelledError:
+                # Woken by a release, then cancelled before resuming: pass the release on, or it is lost.
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_next()
+                raise
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
+            lease = self.leases.acquire(context)
         return lease
 
     def release(self, seq: int) -> None:
         """Give a sequence back and wake the longest waiter."""
         self.leases.release(seq)
+        self._wake_next()
+
+    def _wake_next(self) -> None:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import llama_cpp
 from llama_cpp._internals import LlamaModel
@@ -28,6 +29,9 @@ class LlamaVocabulary:
 
     def token_bytes(self, token: int) -> bytes:
         """The bytes a token renders to in output text (special tokens render as nothing)."""
+        # llama.cpp looks the id up with std::vector::at: out of range it throws through ctypes and aborts the process.
+        if not 0 <= token < self.n_vocab:
+            raise ValueError(f"token id {token} is outside the vocabulary (0..{self.n_vocab - 1})")
         size = 64
         buffer = ctypes.create_string_buffer(size)
         n = llama_cpp.llama_token_to_piece(self._model.vocab, token, buffer, size, 0, False)
@@ -39,6 +43,22 @@ class LlamaVocabulary:
     def is_end_of_generation(self, token: int) -> bool:
         """True for EOS and the template's end-of-turn tokens."""
         return bool(llama_cpp.llama_vocab_is_eog(self._model.vocab, token))
+
+    @functools.cached_property
+    def end_of_generation_ids(self) -> frozenset[int]:
+        """Every id that ends a generation here (looked up once: a call per vocabulary entry)."""
+        return frozenset(token for token in range(self.n_vocab) if self.is_end_of_generation(token))
+
+    @functools.cached_property
+    def llama_only_ends(self) -> frozenset[int]:
+        """Ends of generation llama.cpp adds by its own rules: the FIM pad, repository and file separators, and
+        ordinary tokens whose text matches an end marker (Qwen's `</s>`); HF generation configs name neither."""
+        vocab = self._model.vocab
+        fim = {llama_cpp.llama_vocab_fim_pad(vocab), llama_cpp.llama_vocab_fim_rep(vocab),
+               llama_cpp.llama_vocab_fim_sep(vocab)}
+        ordinary = {token for token in self.end_of_generation_ids
+                    if llama_cpp.llama_vocab_get_attr(vocab, token) & llama_cpp.LLAMA_TOKEN_ATTR_NORMAL}
+        return frozenset(token for token in fim | ordinary if token >= 0)
 
     @property
     def special_ids(self) -> dict[str, int]:

@@ -26,6 +26,9 @@ import numpy as np
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:  # probs: [vocab]
     """One token from a row of (possibly unnormalised) probabilities."""
     row = np.asarray(probs, dtype=np.float64)
+    # A NaN or negative entry would make the cdf unordered and searchsorted pick an arbitrary token.
+    if not (np.isfinite(row).all() and (row >= 0.0).all()):
+        raise ValueError("cannot sample from a row with a negative or non-finite probability")
     cdf = np.cumsum(row)
     if not cdf[-1] > 0.0:
         raise ValueError("cannot sample from a row with no probability mass")
@@ -96,6 +99,14 @@ def verify(
         raise ValueError(f"target_probs must be [k + 1 = {k + 1}, vocab], got {target.shape}")
     if draft.shape != (k, target.shape[1]):
         raise ValueError(f"draft_probs must be [k, vocab] = {(k, target.shape[1])}, got {draft.shape}")
+    # u >= NaN is False, so a NaN target probability would accept any draft token; refuse it instead.
+    if not (np.isfinite(target).all() and np.isfinite(draft).all()):
+        raise ValueError("target_probs and draft_probs must be finite")
+    # A negative probability would pass for a smaller acceptance and a residual with negative weights.
+    if (target < 0.0).any() or (draft < 0.0).any():
+        raise ValueError("target_probs and draft_probs must not be negative")
+    if k and (tokens.min() < 0 or tokens.max() >= target.shape[1]):  # numpy would wrap a negative id around
+        raise ValueError(f"draft_tokens must lie in 0..{target.shape[1] - 1}")
     positions = np.arange(k)
     accept = acceptance_probs(target[positions, tokens], draft[positions, tokens])
     # u < accept, where the paper has r <= ratio: so an acceptance of 0 rejects even when u == 0.0.
@@ -130,6 +141,14 @@ class KnownSupport:
                   draft_probs: Sequence[np.ndarray], outside_mass: np.ndarray,
                   outside_tokens: np.ndarray) -> KnownSupport:
         """Pad per-position rows of different widths (k + 1 id and target rows, k draft rows) into arrays."""
+        if len(target_probs) != len(ids) or len(outside_mass) != len(ids) or len(outside_tokens) != len(ids):
+            raise ValueError(f"{len(ids)} id rows need as many target rows, outside masses and outside tokens")
+        # A row shorter than its ids would be broadcast over them (one probability copied to every candidate).
+        for position, row in enumerate(ids):
+            widths = {len(target_probs[position])} | ({len(draft_probs[position])} if position < len(draft_probs)
+                                                      else set())
+            if widths != {len(row)}:
+                raise ValueError(f"position {position}: {len(row)} ids but rows of {sorted(widths)} probabilities")
         width = max([len(row) for row in ids] + [1])
         padded_ids = np.full((len(ids), width), -1, dtype=np.int64)
         padded = {"target": np.zeros((len(ids), width)), "draft": np.zeros((len(draft_probs), width))}

@@ -15,11 +15,13 @@ from proxy.drafting.base import Drafter
 from proxy.drafting.llama import LlamaDrafter
 from proxy.drafting.lookup import HybridDrafter, LookupDrafter, SuffixDrafter
 from proxy.drafting.suffix import LookupSettings
+from proxy.engine.gate import CoreGate
 from proxy.engine.llama import EngineOptions
 from proxy.errors import UpstreamError
 from proxy.models import fetch as models
 from proxy.observability.metrics import Metrics
-from proxy.server import admin, handlers, live
+from proxy.server import admin, guard, handlers, live
+from proxy.server.cores import MODEL_KINDS, shares_cores
 from proxy.server.runtime import CONFIG, METRICS, RUNTIMES, RouteRuntime
 from proxy.targets.base import Target
 from proxy.targets.sglang import SGLangTarget
@@ -38,11 +40,17 @@ def draft_options(draft: DraftConfig) -> EngineOptions:
                          n_batch=draft.batch, n_gpu_layers=draft.gpu_layers, n_seq=draft.parallel)
 
 
-def make_upstream(route: Route) -> Upstream:
-    """The pooled client for a route's upstream."""
+def make_upstream(route: Route, gate: CoreGate | None = None) -> Upstream:
+    """The pooled client for a route's upstream (its calls taking turns at the gate, when given)."""
     t = route.timeouts
-    return Upstream(route.upstream.url, Timeouts(t.connect, t.first_byte, t.idle),
-                    api_key=route.upstream.api_key_value())
+    return Upstream(route.upstream.url, Timeouts(t.connect, t.first_byte, t.idle, t.pool),
+                    api_key=route.upstream.api_key_value(), connections=route.upstream.connections, gate=gate)
+
+
+def takes_turns(route: Route) -> bool:
+    """Whether the route's draft model computes on the cores its target computes on (then they take turns)."""
+    draft = route.draft
+    return draft is not None and draft.kind in MODEL_KINDS and shares_cores(draft, route.upstream.url)
 
 
 def make_target(route: Route, upstream: Upstream) -> Target | None:
@@ -63,7 +71,8 @@ def with_lookup(model: Drafter, draft: DraftConfig) -> Drafter:
     settings = LookupSettings(draft.k_max, draft.min_token_prob, draft.match_factor, draft.ngram_min,
                               draft.candidates)
     kind = SuffixDrafter if draft.kind == "suffix" else HybridDrafter
-    return kind(model, settings, history_tokens=draft.history_tokens if draft.share_history else 0)
+    history_tokens = 0 if draft.share_history == "none" else draft.history_tokens
+    return kind(model, settings, history_tokens=history_tokens, per_tenant=draft.share_history == "key")
 
 
 @dataclass
@@ -85,8 +94,12 @@ async def open_resources(config: Config, load_drafter: DrafterLoader) -> Resourc
     """Open every route's upstream client and drafter (drafts with identical settings share one model)."""
     resources = Resources({}, [])
     loaded: dict[EngineOptions, Drafter] = {}
+    gate = CoreGate()  # one machine's cores: every draft model that shares them takes turns with its target
     for route in config.routes:
-        upstream = make_upstream(route)
+        shared = gate if takes_turns(route) else None
+        if shared is not None:  # drafting ahead would only wait for the verification it meant to overlap
+            route = route.model_copy(update={"speculation": route.speculation.model_copy(update={"pipeline": False})})
+        upstream = make_upstream(route, shared)
         target = make_target(route, upstream)
         drafter = None
         if route.draft is not None and target is not None:
@@ -94,10 +107,13 @@ async def open_resources(config: Config, load_drafter: DrafterLoader) -> Resourc
             if options not in loaded:
                 loaded[options] = await asyncio.to_thread(load_drafter, options)
                 resources.models.append(loaded[options])
+            if shared is not None and isinstance(loaded[options], LlamaDrafter):
+                loaded[options].take_turns(shared)
             drafter = with_lookup(loaded[options], route.draft)
+            target.vocab_size = drafter.vocabulary.n_vocab  # the upstream's answers are checked against it
         controller = RouteController(route.fallback, route.speculation.k, looks_up=bool(drafter and drafter.looks_up),
                                      pipelined=route.speculation.pipeline)
-        runtime = RouteRuntime(route, upstream, controller, target, drafter)
+        runtime = RouteRuntime(route, upstream, controller, target, drafter, takes_turns=shared is not None)
         resources.runtimes[route.name] = runtime
         await _inspect(runtime)
     return resources
@@ -117,7 +133,10 @@ async def _inspect(runtime: RouteRuntime) -> None:
 
 def create_app(config: Config, *, load_drafter: DrafterLoader = LlamaDrafter.load) -> web.Application:
     """The proxy application for a validated config."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=config.server.max_body_bytes)
+    # The guard inside the error middleware: its refusals are rendered like every other error.
+    app = web.Application(middlewares=[error_middleware, guard.browser_guard],
+                          client_max_size=config.server.max_body_bytes)
+    app.on_response_prepare.append(guard.add_cors_headers)
     app[CONFIG] = config
     app[METRICS] = Metrics()
 

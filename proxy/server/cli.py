@@ -5,15 +5,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from proxy.config.load import ConfigError, load_config
 from proxy.config.schema import Config
+from proxy.engine.threads import usable_cores
 from proxy.observability import logs
 from proxy.sampling.processors import SamplingParams
+from proxy.server.cores import DraftCores, with_draft_threads
 
 if TYPE_CHECKING:
     from proxy.server.runtime import RouteRuntime
@@ -29,24 +31,36 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
     check = commands.add_parser("check", help="validate a routes file and probe each route")
     check.add_argument("--routes", default="routes.yaml")
     check.set_defaults(run=run_check)
+    for parser in (serve, check):
+        parser.add_argument("--draft-threads", type=int, default=None, metavar="N",
+                            help="CPU threads of every route's draft model (default: draft.threads, else every core; "
+                                 "a draft that shares its target's cores takes turns with it)")
 
 
-def _load(args: argparse.Namespace, command: str) -> Config | None:
-    """The validated routes file, or None after printing why not."""
+def _load(args: argparse.Namespace, command: str) -> tuple[Config, list[DraftCores]] | None:
+    """The validated routes file with each draft's threads decided, and where drafts share cores; None after printing
+    why not."""
     logs.configure()
+    if args.draft_threads is not None and args.draft_threads < 1:
+        print(f"speculoos {command}: --draft-threads must be at least 1", file=sys.stderr)
+        return None
     try:
-        return load_config(args.routes)
+        config = load_config(args.routes)
     except ConfigError as exc:
         print(f"speculoos {command}: {exc}", file=sys.stderr)
         return None
+    return with_draft_threads(config, usable_cores(), draft_threads=args.draft_threads)
 
 
 def run_serve(args: argparse.Namespace) -> int:
     """Serve until interrupted."""
     from proxy.server.app import create_app
 
-    if (config := _load(args, "serve")) is None:
+    if (loaded := _load(args, "serve")) is None:
         return 2
+    config, drafts = loaded
+    for draft in drafts:
+        print(f"speculoos: route {draft.route}: {draft.line()}", flush=True)
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
     print(f"speculoos: proxy on http://{host}:{port}/v1", flush=True)
@@ -59,9 +73,10 @@ def run_check(args: argparse.Namespace) -> int:
     """Validate the file, load each draft, probe each upstream; exit 1 on any failure."""
     from proxy.drafting.llama import LlamaDrafter
 
-    if (config := _load(args, "check")) is None:
+    if (loaded := _load(args, "check")) is None:
         return 2
-    lines, failures = asyncio.run(check_report(config, LlamaDrafter.load))
+    config, drafts = loaded
+    lines, failures = asyncio.run(check_report(config, LlamaDrafter.load, drafts))
     print("\n".join(lines))
     return 1 if failures else 0
 
@@ -88,7 +103,23 @@ def _findings(runtime: RouteRuntime) -> list[tuple[str, str]]:
     return rows
 
 
-async def check_report(config: Config, load_drafter: Callable) -> tuple[list[str], int]:
+def _costs(runtime: RouteRuntime) -> list[tuple[str, str]]:
+    """The costs timed at start-up, and what the route decided from them."""
+    from proxy.server.runtime import calibration_fields
+
+    calibration = runtime.controller.calibration
+    if calibration is None:
+        return []
+    fields = calibration_fields(calibration)
+    verify = ", ".join(f"k={k} {ms} ms" for k, ms in fields["verify_ms_by_k"].items())  # type: ignore[attr-defined]
+    draft = fields["draft_ms_per_token"]
+    text = (f"plain {fields['plain_ms_per_token']} ms a token; verification {verify}"
+            + (f"; draft {draft} ms a token" if draft is not None else ""))
+    return [("costs at start-up", text), ("model draft", runtime.controller.current.reason)]
+
+
+async def check_report(config: Config, load_drafter: Callable,
+                       drafts: Sequence[DraftCores] = ()) -> tuple[list[str], int]:
     """Open every route as `serve` would: one line per route and finding, and the number of failures."""
     from proxy.server.app import open_resources
 
@@ -107,6 +138,8 @@ async def check_report(config: Config, load_drafter: Callable) -> tuple[list[str
                 status, failures = f"passthrough: {verdict.reason}", failures + 1
             lines.append(f"{runtime.name}\t{runtime.route.upstream.url}\t{status}")
             lines += [f"{runtime.name}\t{label}\t{value}" for label, value in _findings(runtime)]
+            lines += [f"{runtime.name}\tcores\t{d.line()}" for d in drafts if d.route == runtime.name]
+            lines += [f"{runtime.name}\t{label}\t{value}" for label, value in _costs(runtime)]
     finally:
         await resources.close()
     return lines, failures

@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import structlog
@@ -24,16 +24,19 @@ from proxy.control.policy import PinnedPolicy
 from proxy.decode.events import Publisher
 from proxy.decode.loop import speculative_tokens
 from proxy.decode.session import RequestRandom, Session
+from proxy.drafting.base import Drafter
+from proxy.drafting.prediction import PREDICTION, PredictionDrafter
 from proxy.errors import NotFoundError
 from proxy.observability.logs import SwitchLog
 from proxy.observability.metrics import RouteMetrics
 from proxy.observability.request_stats import RequestStats
-from proxy.server import live
+from proxy.server import guard, live
 from proxy.server.passthrough import forward
 from proxy.server.runtime import CONFIG, METRICS, RUNTIMES, RouteRuntime
 from proxy.wire.control import CONTROL_FIELD, RequestControl, request_control
 from proxy.wire.emit import write_generation
 from proxy.wire.request import CHAT, COMPLETION, GenerationRequest, parse_generation_request, read_json
+from proxy.wire.response import prediction_details
 from proxy.wire.textstream import TextStream
 
 log = structlog.get_logger("speculoos.request")
@@ -53,13 +56,14 @@ def runtime_for(request: web.Request, model: str | None) -> RouteRuntime:
 
 async def _admit(runtime: RouteRuntime, parsed: GenerationRequest, control: RequestControl) -> str | None:
     """Why this request is not served speculatively, or None if it is."""
-    snapshot = RouteSnapshot(runtime.route.speculation, runtime.drafter is not None, runtime.target)
+    snapshot = RouteSnapshot(runtime.route.speculation, runtime.drafter is not None, runtime.target,
+                             runtime.drafter.vocabulary.n_vocab if runtime.drafter is not None else None)
     if (reason := passthrough_reason(snapshot, parsed, control)) is not None:
         return reason
     if (mismatch := await runtime.tokenizer_problem()) is not None:
         return mismatch
-    if control.forced:
-        return None
+    if control.forced or parsed.prediction:
+        return None  # a prediction drafts as lookups do, at their cost: the request decides round by round
     speculate, why = runtime.controller.start_request()
     return None if speculate else f"controller: {why}"
 
@@ -148,28 +152,38 @@ async def _speculate(request: web.Request, runtime: RouteRuntime, parsed: Genera
     assert drafter is not None and target is not None  # checked by admission
     authorization = request.headers.get("Authorization")  # case-insensitive lookup
     client_headers = {"Authorization": authorization} if authorization else None
-    prompt_ids, context_size = await target.prompt_ids(parsed.body, parsed.kind, client_headers)
+    # Tokenized for the model verified against, and a completion's prompt as parsed (a batch of one unwrapped).
+    named = {**parsed.body, "model": _upstream_model(runtime, parsed)}
+    if parsed.kind == COMPLETION:
+        named["prompt"] = parsed.prompt
+    prompt_ids, context_size = await target.prompt_ids(named, parsed.kind, client_headers)
     max_tokens = parsed.max_tokens_within(len(prompt_ids), context_size, "the upstream's")
-    if not drafter.fits(len(prompt_ids) + max_tokens + spec.k):
-        summary.update(mode=PASSTHROUGH, reason="prompt + max_tokens exceed the draft's context")
+    # The output may outgrow the draft's context: the model's drafts then stop, and the rest is decoded plainly or
+    # drafted by lookups (the loop). Only a prompt the model cannot read at all passes through.
+    if not drafter.fits(len(prompt_ids) + spec.k):
+        summary.update(mode=PASSTHROUGH, reason="the prompt exceeds the draft's context")
         return await _pass(request, runtime, forwarded, started, summary)
-    if not drafter.reserve(request_id, prompt_ids):
+    if not drafter.reserve(request_id, prompt_ids, tenant=guard.tenant(request.headers)):
         summary.update(mode=PASSTHROUGH, reason="every draft sequence is in use")
         return await _pass(request, runtime, forwarded, started, summary)
     try:
         session, stats = _session(request.app, runtime, parsed, control, request_id, prompt_ids, max_tokens,
                                   client_headers)
-        stream = TextStream(drafter.vocabulary.token_bytes, drafter.vocabulary.is_end_of_generation,
-                            stop=parsed.stop, max_tokens=max_tokens)
-        tokens = _timed(speculative_tokens(session, drafter, target), started, request, runtime.name)
+        stream = TextStream(drafter.vocabulary.token_bytes, session.is_end(drafter), stop=parsed.stop,
+                            max_tokens=max_tokens)
+        drafting = _with_prediction(drafter, parsed, len(prompt_ids))
+        tokens = _timed(speculative_tokens(session, drafting, target), started, request, runtime.name)
         response, outcome = await write_generation(
             request, parsed, tokens, stream, len(prompt_ids), headers={MODE_HEADER: SPECULATIVE},
-            extension=lambda: {"mode": SPECULATIVE, **stats.as_dict()})
+            extension=lambda: {"mode": SPECULATIVE, **stats.as_dict()},
+            usage_details=_prediction_usage(stats) if parsed.prediction else None)
     finally:
         drafter.release(request_id)
     request.app[METRICS].tv_bound.labels(runtime.name).set(stats.max_tv_bound)
     summary.update(prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
                    finish_reason=outcome.finish_reason, **stats.as_dict())
+    if outcome.error is not None:  # the stream ended in-band: the status says 200, this says why it stopped
+        summary["error"] = outcome.error
     return response
 
 
@@ -182,17 +196,47 @@ def _session(app: web.Application, runtime: RouteRuntime, parsed: GenerationRequ
     stats = RequestStats(plain_rate=lambda: controller.costs.plain_rate)
     pipelined = spec.pipeline if control.pipeline is None else control.pipeline
     warm_up = not (control.pinned_k or control.forced)
+    # Reading along is free only where the draft has cores of its own: taking turns, it would delay the target.
+    reads_along = warm_up and parsed.sampling_params.greedy and not runtime.takes_turns
     policy = (PinnedPolicy(control.pinned_k) if control.pinned_k
-              else controller.policy(forced=control.forced, pipelined=pipelined,
-                                     reads_along=warm_up and parsed.sampling_params.greedy))
+              else controller.policy(forced=control.forced, pipelined=pipelined, reads_along=reads_along))
     publish = Publisher([policy.observe, stats, controller.observe,
                          RouteMetrics(app[METRICS], runtime.name, controller), SwitchLog(log),
                          *live.round_subscribers(app, request_id, runtime)])
     session = Session(request_id, runtime.name, prompt_ids, max_tokens, parsed.sampling_params, runtime.target.order,
                       spec.top_logprobs, policy, RequestRandom.from_seed(parsed.seed), publish, client_headers,
                       spec.max_tv, control.pinned_k or runtime.route.draft.k_max, pipelined,
-                      warm_up=warm_up)
+                      warm_up=warm_up, model=_upstream_model(runtime, parsed), ends=_target_ends(runtime))
     return session, stats
+
+
+def _with_prediction(drafter: Drafter, parsed: GenerationRequest, prompt_length: int) -> Drafter:
+    """The route's drafter, behind the request's prediction if it sent one (tokenized once, in the draft's
+    vocabulary, which the tokenizer check found to be the target's)."""
+    if not parsed.prediction:
+        return drafter
+    return PredictionDrafter(drafter, drafter.vocabulary.tokenize(parsed.prediction, add_special=False),
+                             prompt_length)
+
+
+def _prediction_usage(stats: RequestStats) -> Callable[[], dict[str, int]]:
+    """The usage's Predicted Outputs counts, from the request's prediction rounds."""
+    def details() -> dict[str, int]:
+        _, drafted, accepted = stats.by_source.get(PREDICTION, (0, 0, 0))
+        return prediction_details(drafted, accepted)
+
+    return details
+
+
+def _upstream_model(runtime: RouteRuntime, parsed: GenerationRequest) -> str:
+    """The model the upstream is asked for, as passthrough forwards it: a LoRA adapter is verified as itself."""
+    return runtime.route.upstream.model or parsed.model
+
+
+def _target_ends(runtime: RouteRuntime) -> Callable[[int], bool] | None:
+    """Where the route's target ends a generation, as the tokenizer check learned it from the upstream."""
+    verdict = runtime.tokenizer
+    return verdict.stop.is_end if verdict is not None and verdict.stop is not None else None
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -212,7 +256,7 @@ async def passthrough_any(request: web.Request) -> web.StreamResponse:
         try:
             body = json.loads(await request.read())
             model = body.get("model") if isinstance(body, dict) else None
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (ValueError, RecursionError):  # not JSON, a number too long, nesting too deep
             model = None  # not ours to judge: the upstream answers malformed bodies itself
     return await forward(request, runtime_for(request, model if isinstance(model, str) else None).upstream,
                          extra_headers={MODE_HEADER: PASSTHROUGH})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping
 
@@ -19,16 +20,31 @@ HOP_BY_HOP = frozenset({
 })
 
 
+# An SSE event ends at a blank line; a line ends at CRLF, CR or LF (a CR before an LF is not an ending of its own).
+EVENT_END = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r|\n)")
+
+
 def forwardable(headers: Mapping[str, str]) -> dict[str, str]:
     """Headers minus the hop-by-hop ones."""
     return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
 
 
+def split_events(data: bytes) -> tuple[list[bytes], bytes]:
+    """SSE bytes as the complete events in them (each with its blank line) and the rest, not yet complete."""
+    events, start = [], 0
+    for end in EVENT_END.finditer(data):
+        events.append(data[start:end.end()])
+        start = end.end()
+    return events, data[start:]
+
+
 async def forward(request: web.Request, upstream: Upstream, *, body: bytes | None = None,
                   extra_headers: dict[str, str] | None = None, meter: TokenMeter | None = None) -> web.StreamResponse:
     """Send the request on as it came (or with `body` instead) and stream the answer back."""
-    headers = forwardable(request.headers)
+    headers = {k: v for k, v in forwardable(request.headers).items() if k.lower() != "accept-encoding"}
     headers.update(upstream.auth_headers(headers))
+    # Uncompressed: a compressed stream could only be forwarded, metered and framed once it had all arrived.
+    headers["Accept-Encoding"] = "identity"
     data = body if body is not None else await request.read()
     answer = await upstream.open(request.method, request.rel_url.raw_path_qs, headers=headers, data=data)
     async with answer:
@@ -41,12 +57,12 @@ async def forward(request: web.Request, upstream: Upstream, *, body: bytes | Non
         streaming = answer.content_type == "text/event-stream"
         pending = b""  # SSE: the bytes of an event not yet complete; only whole events are forwarded
         try:
-            async for chunk in iter_body(answer):
+            async for chunk in iter_body(answer, upstream.timeouts.idle):
                 if meter is not None:
                     meter.feed(chunk, time.perf_counter())
                 if streaming:
-                    complete, separator, pending = (pending + chunk).rpartition(b"\n\n")
-                    chunk = complete + separator
+                    events, pending = split_events(pending + chunk)
+                    chunk = b"".join(events)
                 if chunk:
                     await response.write(chunk)
             if pending:
@@ -84,7 +100,7 @@ class TokenMeter:
         if len(self._buffer) < self.MAX_JSON_BYTES:
             self._buffer += chunk
         if self._streaming:
-            *events, self._buffer = self._buffer.split(b"\n\n")
+            events, self._buffer = split_events(self._buffer)
             for event in events:
                 self._read_event(event)
 

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
+import structlog
 from aiohttp import web
 
 from proxy.config.schema import Config, Route
+from proxy.control.costs import Calibration
 from proxy.control.route import RouteController
 from proxy.drafting.base import Drafter
-from proxy.errors import UpstreamError
+from proxy.errors import SpeculoosError, UpstreamError
 from proxy.observability.metrics import Metrics
+from proxy.server.calibrate import calibrate
 from proxy.targets.base import Target
 from proxy.targets.tokenizer_check import TokenizerVerdict, check_tokenizer
 from proxy.targets.upstream import Upstream
+
+log = structlog.get_logger("speculoos.route")
 
 
 @dataclass
@@ -25,6 +31,7 @@ class RouteRuntime:
     controller: RouteController
     target: Target | None = None  # None: the protocol cannot verify (openai)
     drafter: Drafter | None = None  # None: the route never speculates
+    takes_turns: bool = False  # its draft model and its target share this machine's cores, in turns
     # Learned from the upstream, at start-up or, if it was unreachable then, on the first request:
     tokenizer: TokenizerVerdict | None = field(default=None, init=False)
     capabilities: object = field(default=None, init=False)
@@ -39,24 +46,52 @@ class RouteRuntime:
         """Whether the route has what speculation needs: a drafter and a verifying target."""
         return self.drafter is not None and self.target is not None
 
-    async def inspect_upstream(self) -> TokenizerVerdict | None:
-        """Probe the target's capabilities and compare tokenizers (raises UpstreamError if unreachable)."""
+    async def inspect_upstream(self, *, calibrate: bool = True) -> TokenizerVerdict | None:
+        """Probe the target's capabilities and compare tokenizers (raises UpstreamError if unreachable); then, at
+        start-up, time the route's costs when its config asks to and the tokenizers match."""
         if self.target is None or self.drafter is None:
             return None
         self.capabilities = await self.target.probe()
         self.tokenizer = await check_tokenizer(self.drafter.vocabulary, self.upstream)
+        if calibrate and self.tokenizer.compatible and self.route.fallback.calibrate:
+            await self.calibrate()
         return self.tokenizer
+
+    async def calibrate(self) -> None:
+        """Time a few plain steps, verifications and draft steps, and seed the controller's costs with them."""
+        assert self.target is not None and self.drafter is not None
+        if self.controller.costs.assumed:
+            return  # the route decides with configured costs
+        started = time.perf_counter()
+        try:
+            calibration = await calibrate(self.route, self.target, self.drafter)
+        except SpeculoosError as exc:  # the first requests measure the costs instead, as without calibration
+            log.warning("calibration_skipped", route=self.name, reason=str(exc))
+            return
+        decision = self.controller.calibrated(calibration)
+        log.info("calibrated", route=self.name, seconds=round(time.perf_counter() - started, 2),
+                 **calibration_fields(calibration), model_draft=decision.reason)
 
     async def tokenizer_problem(self) -> str | None:
         """The reason not to speculate on tokenizer grounds (checking now if start-up could not)."""
         if self.tokenizer is None:
             try:
-                await self.inspect_upstream()
+                await self.inspect_upstream(calibrate=False)  # timing the costs now would delay this request
             except UpstreamError:
                 return "tokenizer check pending: upstream unreachable"
         if self.tokenizer is not None and not self.tokenizer.compatible:
             return f"tokenizer mismatch: {self.tokenizer.reason}"
         return None
+
+
+def calibration_fields(calibration: Calibration) -> dict[str, object]:
+    """A calibration in milliseconds, for a log line or `speculoos check`."""
+    def ms(seconds: float | None) -> float | None:
+        return None if seconds is None else round(seconds * 1000, 1)
+
+    return {"plain_ms_per_token": ms(calibration.plain_seconds_per_token),
+            "verify_ms_by_k": {k: ms(seconds) for k, seconds in calibration.verify_seconds},
+            "draft_ms_per_token": ms(calibration.draft_seconds_per_token), "context": calibration.context}
 
 
 CONFIG = web.AppKey("config", Config)

@@ -49,6 +49,7 @@ class ScorePlan:
     top_n: int  # top log-probs to ask a stock server for
     seed: int  # for draws the server makes (the verifier's residual tokens), from the request's target stream
     client_headers: dict[str, str] | None = None
+    model: str | None = None  # the model to verify against, as forwarded (a LoRA adapter's name); None: the server's
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class Target(Protocol):
     """What the round loop and the handlers need from a verification protocol."""
 
     order: SamplerOrder  # how the server turns logits into its sampling distribution
+    vocab_size: int | None  # the vocabulary the route speculates in; answered ids outside it are refused
 
     async def probe(self) -> object:
         """Learn the server's capabilities once at start-up."""
@@ -70,6 +72,10 @@ class Target(Protocol):
 
     def exactness_problem(self, params: SamplingParams, top_n: int) -> str | None:
         """Why a round cannot follow the target's distribution exactly for these parameters (None: it can)."""
+        ...
+
+    def prompt_fields(self, kind: str) -> frozenset[str]:
+        """Prompt-shaping request fields the server's tokenize renders as its generation endpoint does."""
         ...
 
     def prompt_problem(self, request: GenerationRequest) -> str | None:
@@ -81,8 +87,8 @@ class Target(Protocol):
         ...
 
     async def generate(self, context: list[int], max_new_tokens: int, params: SamplingParams, seed: int,
-                       client_headers: dict[str, str] | None = None) -> list[int]:
-        """Plain decoding on the target (the continuation after a mid-stream switch)."""
+                       client_headers: dict[str, str] | None = None, model: str | None = None) -> list[int]:
+        """Plain decoding on the target (the continuation after a mid-stream switch), with `model` as in ScorePlan."""
         ...
 
     async def prompt_ids(self, body: dict, kind: str,

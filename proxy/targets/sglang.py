@@ -19,6 +19,7 @@ from proxy.drafting.base import Draft
 from proxy.errors import UpstreamUnavailableError
 from proxy.sampling.processors import GREEDY_TEMPERATURE_EPS, SamplerOrder, SamplingParams
 from proxy.sampling.rejection import KnownSupport
+from proxy.targets import checks
 from proxy.targets.base import PositionLogprobs, ScorePlan, Scores, Verification
 from proxy.targets.sglang_probe import EXTENSION, SGLangInfo, probe_sglang, tokens
 from proxy.targets.topn import exactness_problem, support_from_top_n
@@ -32,12 +33,12 @@ SGLANG_GREEDY_EPS = 1e-6  # _SAMPLING_EPS in python/sglang/srt/sampling/sampling
 CHAT_TEMPLATE_KEYS = ("continue_final_message", "chat_template_kwargs", "reasoning_effort")
 
 
-def _top(entries: Any) -> tuple[np.ndarray, np.ndarray]:
+def _top(entries: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
     """Parse [[logprob, id, text], ...] into id and logprob arrays."""
     if not isinstance(entries, list) or not entries:
         raise UpstreamUnavailableError("upstream returned no top logprobs")
     ids = np.array([int(e[1]) for e in entries], dtype=np.int64)
-    logprobs = np.array([float(e[0]) for e in entries], dtype=np.float64)
+    logprobs = np.array([checks.logprob(e[0], what) for e in entries], dtype=np.float64)
     return ids, logprobs
 
 
@@ -51,42 +52,72 @@ def _draft_rows(actual: list, tops: list, k: int, last_context_token: int | None
     raise UpstreamUnavailableError(f"upstream scored {len(actual)} input positions for {k} drafts")
 
 
-def parse_verification(answer: Any, draft_tokens: Sequence[int], last_context_token: int | None = None) -> Verification:
-    """Turn a /generate answer into per-position logprobs; raise on anything malformed."""
+def parse_verification(answer: Any, draft_tokens: Sequence[int], last_context_token: int | None = None, *,
+                       top_n: int | None = None, vocab_size: int | None = None) -> Verification:
+    """Turn a /generate answer into per-position logprobs; raise on anything malformed or out of range
+    (rows `top_n` wide when given, ids below `vocab_size` when given)."""
+    width = None if top_n is None else min(top_n, vocab_size or top_n)
     try:
         meta = answer["meta_info"]
         actual, tops = _draft_rows(meta["input_token_logprobs"], meta["input_top_logprobs"], len(draft_tokens),
                                    last_context_token)
         positions = []
-        for token, entry, top in zip(draft_tokens, actual, tops, strict=True):
+        for index, (token, entry, top) in enumerate(zip(draft_tokens, actual, tops, strict=True)):
             if int(entry[1]) != token:
                 raise UpstreamUnavailableError("upstream scored a different token than the draft")
-            ids, logprobs = _top(top)
-            positions.append(PositionLogprobs(token, float(entry[0]), ids, logprobs))
-        ids, logprobs = _top(meta["output_top_logprobs"][0])
+            what = f"draft position {index + 1}"
+            ids, logprobs = _top(top, what)
+            scored = (token, checks.logprob(entry[0], what))
+            checks.top_position(ids, logprobs, width=width, vocab_size=vocab_size, what=what, scored=scored)
+            positions.append(PositionLogprobs(token, scored[1], ids, logprobs))
+        checks.count(meta["output_top_logprobs"], 1, "the bonus position", "rows")
+        ids, logprobs = _top(meta["output_top_logprobs"][0], "the bonus position")
+        checks.top_position(ids, logprobs, width=width, vocab_size=vocab_size, what="the bonus position")
         positions.append(PositionLogprobs(None, None, ids, logprobs))
-        return Verification(tuple(positions), int(answer["output_ids"][0]), int(meta.get("cached_tokens", 0)))
+        checks.count(answer["output_ids"], 1, "the answer", "output ids")
+        bonus = checks.token_id(answer["output_ids"][0], vocab_size, "the bonus token")
+        return Verification(tuple(positions), bonus, int(meta.get("cached_tokens", 0)))
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise UpstreamUnavailableError(f"upstream sent a malformed verification answer ({type(exc).__name__})") from exc
 
 
 def parse_support(answer: Any, draft_tokens: Sequence[int], support_ids: list[list[int]],
-                  draft_probs: np.ndarray) -> KnownSupport:
-    """Turn a /generate answer with `draft_support` into the sampler's KnownSupport."""
+                  draft_probs: np.ndarray, *, vocab_size: int | None = None) -> KnownSupport:
+    """Turn a /generate answer with `draft_support` into the sampler's KnownSupport; raise on anything malformed
+    or out of range (ids below `vocab_size` when given)."""
     try:
         extension = answer["meta_info"]["draft_support"]
-        bonus = int(answer["output_ids"][0])
+        checks.count(answer["output_ids"], 1, "the answer", "output ids")
+        bonus = checks.token_id(answer["output_ids"][0], vocab_size, "the bonus token")
         k = len(draft_tokens)
         target = [np.asarray(row, dtype=np.float64) for row in extension["target_probs"]]
         outside_mass = [*map(float, extension["outside_mass"]), 1.0]  # the bonus row: all "outside"
         outside_tokens = [-1 if t is None else int(t) for t in extension["outside_tokens"]] + [bonus]
         if not len(target) == len(outside_mass) - 1 == len(outside_tokens) - 1 == k:
             raise ValueError("draft_support has the wrong length")
+        for position, ids in enumerate(support_ids):
+            _check_support_row(position, ids, target[position], outside_mass[position], outside_tokens[position],
+                               vocab_size)
         draft = [draft_probs[position, ids] for position, ids in enumerate(support_ids)]
         return KnownSupport.from_rows([*support_ids, []], [*target, []], draft, np.array(outside_mass),
                                       np.array(outside_tokens))
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise UpstreamUnavailableError(f"upstream sent a malformed draft_support answer ({type(exc).__name__})") from exc
+
+
+def _check_support_row(position: int, ids: list[int], target: np.ndarray, outside_mass: float, outside_token: int,
+                       vocab_size: int | None) -> None:
+    """One draft position of the extension: a probability per support id, a full distribution with the outside
+    mass, and an outside draw (where there is mass outside) that lies outside the support."""
+    what = f"draft_support position {position + 1}"
+    checks.probabilities(target, outside_mass, width=len(ids), what=what)
+    if outside_token == -1:
+        if outside_mass > 0.0:
+            raise checks.fail(f"{what} has mass outside the draft's ids but no token drawn there")
+        return
+    checks.token_id(outside_token, vocab_size, what)
+    if outside_token in ids:
+        raise checks.fail(f"{what}'s outside token {outside_token} is one of the draft's ids")
 
 
 def sampling_body(params: SamplingParams, max_new_tokens: int, seed: int) -> dict[str, Any]:
@@ -101,6 +132,7 @@ class SGLangTarget:
     def __init__(self, upstream: Upstream) -> None:
         self.upstream = upstream
         self.info: SGLangInfo | None = None  # set by probe()
+        self.vocab_size: int | None = None  # the route's vocabulary: answered ids must lie below it
 
     @property
     def exact_support(self) -> bool:
@@ -129,6 +161,10 @@ class SGLangTarget:
             return f"SGLang samples at temperatures from {SGLANG_GREEDY_EPS:g}; the proxy decodes greedily below " \
                    f"{GREEDY_TEMPERATURE_EPS:g}"
         return exactness_problem(params, top_n, self.order)
+
+    def prompt_fields(self, kind: str) -> frozenset[str]:
+        """What prompt_ids() hands to SGLang's tokenize for a conversation; our verifier renders none of them."""
+        return frozenset(CHAT_TEMPLATE_KEYS if kind == CHAT and not self.exact_support else ())
 
     def prompt_problem(self, request: GenerationRequest) -> str | None:
         """Why this request's prompt or context cannot be known from the server (None: it can, or not probed yet)."""
@@ -160,7 +196,7 @@ class SGLangTarget:
             DRAFT_SUPPORT_EXTENSION: support_ids,
         }
         answer = await self.upstream.post_json("/generate", body, client_headers=plan.client_headers)
-        return parse_support(answer, draft.tokens, support_ids, draft.probs)
+        return parse_support(answer, draft.tokens, support_ids, draft.probs, vocab_size=self.vocab_size)
 
     async def _score_top_n(self, context: list[int], draft_tokens: Sequence[int], plan: ScorePlan) -> Verification:
         """Raw top-N log-probs at every draft position and the bonus position."""
@@ -173,20 +209,25 @@ class SGLangTarget:
             "return_text_in_logprobs": False,
         }
         answer = await self.upstream.post_json("/generate", body, client_headers=plan.client_headers)
-        return parse_verification(answer, draft_tokens, context[-1])
+        return parse_verification(answer, draft_tokens, context[-1], top_n=plan.top_n, vocab_size=self.vocab_size)
 
     async def generate(self, context: list[int], max_new_tokens: int, params: SamplingParams, seed: int,
-                       client_headers: dict[str, str] | None = None) -> list[int]:
-        """Plain decoding on the target: up to max_new_tokens sampled by the server itself."""
+                       client_headers: dict[str, str] | None = None, model: str | None = None) -> list[int]:
+        """Plain decoding on the target: up to max_new_tokens sampled by the server itself (/generate names no
+        model)."""
         body = {
             "input_ids": context,
             "sampling_params": sampling_body(params, max_new_tokens, seed),
         }
         answer = await self.upstream.post_json("/generate", body, client_headers=client_headers)
         try:
-            return [int(t) for t in answer["output_ids"]]
+            tokens = checks.token_ids(answer["output_ids"], self.vocab_size, "a plain /generate answer")
         except (KeyError, TypeError, ValueError) as exc:
             raise UpstreamUnavailableError("upstream sent a malformed /generate answer") from exc
+        if len(tokens) > max_new_tokens:
+            raise checks.fail(f"a plain /generate answer has {len(tokens)} tokens where at most {max_new_tokens} "
+                              "were asked for")
+        return tokens
 
     async def prompt_ids(self, body: dict, kind: str, client_headers: dict[str, str] | None = None) -> tuple[list[int], int]:
         """Prompt ids from the server's tokenize (its own chat template), and its context length."""
@@ -204,4 +245,5 @@ class SGLangTarget:
             request = {"messages": body["messages"], **{key: body[key] for key in CHAT_TEMPLATE_KEYS if key in body}}
         else:
             request = {"prompt": body["prompt"]}  # special tokens added as /v1/completions adds them
-        return await tokens(self.upstream, info.tokenize_path, request, client_headers), info.context_length
+        ids = await tokens(self.upstream, info.tokenize_path, request, client_headers)
+        return checks.token_ids(ids, self.vocab_size, "the prompt's tokenization"), info.context_length

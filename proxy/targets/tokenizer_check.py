@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from proxy.drafting.base import Vocabulary
 from proxy.targets.sglang_probe import MODEL_INFO_PATHS, ending_token, first_json, tokenize_path, tokens
+from proxy.targets.stopping import StopSet, target_stop_set
 from proxy.targets.upstream import Upstream
 
 # Probe strings chosen to exercise pre-tokenization: code, whitespace runs, multi-byte UTF-8,
@@ -31,6 +32,7 @@ class TokenizerVerdict:
 
     compatible: bool
     reason: str
+    stop: StopSet | None = None  # the target's ends of generation, once compatible
 
 
 async def check_tokenizer(draft: Vocabulary, upstream: Upstream) -> TokenizerVerdict:
@@ -52,7 +54,7 @@ async def check_tokenizer(draft: Vocabulary, upstream: Upstream) -> TokenizerVer
             return TokenizerVerdict(
                 False, f"probe {number} tokenizes differently (draft {draft_ids[:8]}…, target {target_ids[:8]}…)"
             )
-    ending = "EOS id compared" if isinstance(eos, int) else "EOS not named by the server"
+    ending, end = "EOS id compared" if isinstance(eos, int) else "EOS not named by the server", None
     if info and not isinstance(eos, int):  # an SGLang server: let a generation show how it ends
         end = await ending_token(upstream, path)
         if end is not None and not draft.is_end_of_generation(end):
@@ -60,4 +62,6 @@ async def check_tokenizer(draft: Vocabulary, upstream: Upstream) -> TokenizerVer
                                            "draft's")
         ending = f"generations end with id {end}, an end for the draft too" if end is not None else \
             "EOS unknown: a probe generation did not end"
-    return TokenizerVerdict(True, f"{len(PROBES)} probes tokenize identically; vocabulary {draft.n_vocab}; {ending}")
+    stop = target_stop_set(info, draft, () if end is None else (end,))
+    return TokenizerVerdict(True, f"{len(PROBES)} probes tokenize identically; vocabulary {draft.n_vocab}; {ending}; "
+                                  f"ends of generation from {stop.source}", stop)

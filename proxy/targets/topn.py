@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from proxy.errors import UpstreamUnavailableError
 from proxy.sampling.processors import SamplerOrder, SamplingParams, processed_probs
 from proxy.sampling.rejection import KnownSupport
 from proxy.targets.base import Verification
@@ -60,6 +61,9 @@ def support_from_top_n(verification: Verification, draft_tokens: tuple[int, ...]
                        params: SamplingParams, order: SamplerOrder) -> tuple[KnownSupport, float]:
     """Fold a top-N answer and the draft into a KnownSupport; also return the largest per-position error bound."""
     k = len(draft_tokens)
+    if len(verification.positions) != k + 1:  # any other count would pair rows with the wrong draft positions
+        raise UpstreamUnavailableError(f"upstream answer rejected: {len(verification.positions)} positions scored "
+                                       f"for {k} drafts and the bonus")
     rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # ids, target probs, draft probs per position
     worst = 0.0
     for position, scored in enumerate(verification.positions):

@@ -1,25 +1,83 @@
-"""One pooled HTTP client per upstream: timeouts on silence, and aiohttp errors translated to ours."""
+"""One pooled HTTP client per upstream: a bounded pool, a timeout per phase, and aiohttp errors translated to ours.
+
+A request goes through phases, each with its own limit and its own message when it runs out:
+waiting for a free connection of the pool (`pool`), connecting (`connect`), the answer's head
+(`first_byte`, counted from when a connection was had), then silence between body bytes (`idle`).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import structlog
 
-from proxy.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
+from proxy.engine.gate import TARGET, CoreGate
+from proxy.errors import UpstreamBusyError, UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
+
+log = structlog.get_logger("speculoos.upstream")
+
+DEFAULT_CONNECTIONS = 100
+# Idle pooled connections are closed after this long: under the 5 s keep-alive of uvicorn (vLLM, SGLang),
+# so the proxy drops a connection before the server does and a request rarely meets one being closed.
+KEEPALIVE_S = 4.0
 
 
 @dataclass(frozen=True)
 class Timeouts:
-    """Seconds: to connect, to the first response byte, and of silence between body bytes."""
+    """Seconds: to connect, to the first response byte, of silence between body bytes, and for a free connection."""
 
     connect: float = 5.0
     first_byte: float = 120.0
     idle: float = 60.0
+    pool: float = 30.0
+
+
+class _Attempt:
+    """One send's way through the pool, told by aiohttp's trace signals: they move its deadline phase by phase."""
+
+    def __init__(self, timeouts: Timeouts) -> None:
+        self.timeouts = timeouts
+        self.deadline: asyncio.Timeout | None = None
+        self.queued_since: float | None = None  # waiting for a free connection since (loop time)
+        self.reused = False  # sent on a kept-alive connection
+
+    def _move(self, when: float) -> None:
+        if self.deadline is not None and not self.deadline.expired():
+            self.deadline.reschedule(when)
+
+    def queued(self) -> None:
+        now = asyncio.get_running_loop().time()
+        self.queued_since = self.queued_since if self.queued_since is not None else now
+        self._move(self.queued_since + self.timeouts.pool)
+
+    def dequeued(self) -> None:
+        self.queued_since = None
+        self._move(asyncio.get_running_loop().time() + self.timeouts.first_byte)
+
+
+def _trace() -> aiohttp.TraceConfig:
+    """Signals that tell each send's _Attempt (its trace_request_ctx) where it stands."""
+    config = aiohttp.TraceConfig()
+
+    async def queued(session: Any, context: Any, params: Any) -> None:
+        context.trace_request_ctx.queued()
+
+    async def dequeued(session: Any, context: Any, params: Any) -> None:
+        context.trace_request_ctx.dequeued()
+
+    async def reused(session: Any, context: Any, params: Any) -> None:
+        context.trace_request_ctx.reused = True
+
+    config.on_connection_queued_start.append(queued)
+    config.on_connection_queued_end.append(dequeued)
+    config.on_connection_reuseconn.append(reused)
+    return config
 
 
 class UpstreamStatusError(UpstreamError):
@@ -42,16 +100,23 @@ def _error_message(status: int, text: str) -> str:
 
 
 class Upstream:
-    """A base URL, its credentials and one aiohttp ClientSession."""
+    """A base URL, its credentials and one aiohttp ClientSession with a pool of `connections`."""
 
-    def __init__(self, base_url: str, timeouts: Timeouts, *, api_key: str | None = None) -> None:
+    def __init__(self, base_url: str, timeouts: Timeouts, *, api_key: str | None = None,
+                 connections: int = DEFAULT_CONNECTIONS, gate: CoreGate | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        self.gate = gate  # the proxy's own calls take turns with its draft model on shared cores
         self.timeouts = timeouts
+        self.connections = connections
         self._api_key = api_key
-        # total=None: a long stream is healthy while bytes flow; silence is what times out.
-        timeout = aiohttp.ClientTimeout(total=None, connect=timeouts.connect, sock_read=timeouts.idle)
+        # total=None: a long stream is healthy while bytes flow; silence is what times out (read_body and
+        # iter_body: aiohttp's sock_read would also cut the wait for the head at `idle`). The pool's wait and
+        # the head are timed by open().
+        timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=timeouts.connect)
+        connector = aiohttp.TCPConnector(limit=connections, keepalive_timeout=KEEPALIVE_S)
         # auto_decompress=False: passthrough forwards bodies byte for byte with their encoding.
-        self.session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
+        self.session = aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False,
+                                             trace_configs=[_trace()])
 
     def auth_headers(self, client_headers: Mapping[str, str] | None = None) -> dict[str, str]:
         """The client's Authorization if it sent one, else the route's key."""
@@ -61,19 +126,46 @@ class Upstream:
         return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
 
     async def open(self, method: str, path: str, *, headers: Mapping[str, str], data: Any = None,
-                   params: Any = None) -> aiohttp.ClientResponse:
-        """Send a request and wait for the response head, within the first-byte timeout."""
+                   params: Any = None, idempotent: bool = False) -> aiohttp.ClientResponse:
+        """Send a request and wait for the response head. An `idempotent` request that meets a kept-alive
+        connection the server has closed (before any byte of an answer) is sent once more."""
+        retry = idempotent
+        while True:
+            attempt = _Attempt(self.timeouts)
+            try:
+                return await self._send(attempt, method, path, headers, data, params)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                # A connection that was never made (ClientConnectorError) is no stale one.
+                if not (retry and attempt.reused and not isinstance(exc, aiohttp.ClientConnectorError)):
+                    raise UpstreamUnavailableError(f"upstream unreachable: {type(exc).__name__}: {exc}") from exc
+                log.info("upstream_retry", path=path, reason=f"kept-alive connection closed: {type(exc).__name__}")
+                retry = False
+
+    async def _send(self, attempt: _Attempt, method: str, path: str, headers: Mapping[str, str], data: Any,
+                    params: Any) -> aiohttp.ClientResponse:
+        """One send, its deadline moved by the attempt's phases; timeouts and aiohttp's other errors translated."""
         try:
-            async with asyncio.timeout(self.timeouts.first_byte):
-                return await self.session.request(method, self.base_url + path, headers=headers,
-                                                  data=data, params=params, allow_redirects=False)
+            async with asyncio.timeout(self.timeouts.first_byte) as deadline:
+                attempt.deadline = deadline
+                return await self.session.request(method, self.base_url + path, headers=headers, data=data,
+                                                  params=params, allow_redirects=False, trace_request_ctx=attempt)
+        except aiohttp.ConnectionTimeoutError as exc:
+            raise UpstreamTimeoutError(f"upstream did not accept a connection within {self.timeouts.connect:g} s "
+                                       "(timeouts.connect)") from exc
         except TimeoutError as exc:
+            if attempt.queued_since is not None:
+                raise UpstreamBusyError(
+                    f"no free connection to the upstream within {self.timeouts.pool:g} s: all {self.connections} "
+                    "of the route's connections are busy (upstream.connections, timeouts.pool)") from exc
             raise UpstreamTimeoutError(f"upstream sent nothing within {self.timeouts.first_byte:g} s") from exc
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            raise  # open() decides whether to send again
         except aiohttp.ClientError as exc:
             raise UpstreamUnavailableError(f"upstream unreachable: {type(exc).__name__}: {exc}") from exc
 
     async def post_json(self, path: str, body: Any, *, client_headers: Mapping[str, str] | None = None) -> Any:
-        """POST JSON and return the decoded JSON answer, or raise one of our errors."""
+        """POST JSON and return the decoded JSON answer, or raise one of our errors. Every JSON call the proxy
+        makes (scoring, tokenizing, probing) reads state only, so a stale connection is retried."""
         return await self._json("POST", path, json.dumps(body), client_headers)
 
     async def get_json(self, path: str) -> Any:
@@ -83,9 +175,10 @@ class Upstream:
     async def _json(self, method: str, path: str, data: str | None, client_headers: Mapping[str, str] | None) -> Any:
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity",
                    **self.auth_headers(client_headers)}
-        response = await self.open(method, path, headers=headers, data=data)
-        async with response:
-            text = await read_body(response)
+        async with self.gate.turn(TARGET) if self.gate is not None else contextlib.nullcontext():
+            response = await self.open(method, path, headers=headers, data=data, idempotent=True)
+            async with response:
+                text = await read_body(response, self.timeouts.idle)
         if response.status != 200:
             raise UpstreamStatusError(response.status, _error_message(response.status, text.decode(errors="replace")))
         try:
@@ -98,23 +191,33 @@ class Upstream:
         await self.session.close()
 
 
-async def read_body(response: aiohttp.ClientResponse) -> bytes:
-    """The whole body, with idle timeouts and disconnects translated."""
+async def read_body(response: aiohttp.ClientResponse, idle: float) -> bytes:
+    """The whole body, silent at most `idle` seconds at a time, with timeouts and disconnects translated."""
+    parts = []
     try:
-        return await response.read()
+        while True:
+            async with asyncio.timeout(idle):
+                part = await response.content.readany()
+            if not part:
+                return b"".join(parts)
+            parts.append(part)
     except TimeoutError as exc:
         raise UpstreamTimeoutError("upstream went silent while sending its answer") from exc
     except aiohttp.ClientError as exc:
         raise UpstreamUnavailableError(f"upstream connection failed: {type(exc).__name__}") from exc
 
 
-async def iter_body(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """The body as it arrives, with idle timeouts and disconnects translated."""
-    try:
-        async for chunk in response.content.iter_any():
-            yield chunk
-    except TimeoutError as exc:
-        raise UpstreamTimeoutError("upstream went silent mid-stream") from exc
-    except aiohttp.ClientError as exc:
-        raise UpstreamUnavailableError(f"upstream connection dropped mid-stream: {type(exc).__name__}") from exc
+async def iter_body(response: aiohttp.ClientResponse, idle: float) -> AsyncIterator[bytes]:
+    """The body as it arrives, silent at most `idle` seconds at a time, with timeouts and disconnects translated."""
+    while True:
+        try:
+            async with asyncio.timeout(idle):
+                chunk = await response.content.readany()
+        except TimeoutError as exc:
+            raise UpstreamTimeoutError("upstream went silent mid-stream") from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamUnavailableError(f"upstream connection dropped mid-stream: {type(exc).__name__}") from exc
+        if not chunk:
+            return
+        yield chunk
 

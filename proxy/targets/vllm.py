@@ -20,6 +20,7 @@ import numpy as np
 from proxy.drafting.base import Draft
 from proxy.errors import UpstreamUnavailableError
 from proxy.sampling.processors import SamplerOrder, SamplingParams
+from proxy.targets import checks
 from proxy.targets.base import PositionLogprobs, ScorePlan, Scores, Verification
 from proxy.targets.topn import exactness_problem, support_from_top_n
 from proxy.targets.upstream import Upstream, UpstreamStatusError
@@ -45,10 +46,22 @@ class VLLMInfo:
     max_logprobs: int | None  # the --max-logprobs cap on top_n; None if the server did not say
 
 
-def _logprob(value: Any) -> float:
-    """A logprob from the wire, with vLLM's clamp undone."""
-    logprob = float(value)
+def _logprob(value: Any, what: str) -> float:
+    """A logprob from the wire, checked, with vLLM's clamp undone."""
+    logprob = checks.logprob(value, what)
     return -np.inf if logprob <= CLAMPED_NEG_INF else logprob
+
+
+def _position(entries: list[tuple[int, float]], top_n: int, actual: int, vocab_size: int | None,
+              what: str) -> tuple[np.ndarray, np.ndarray]:
+    """One position's top-N, checked: the top-N and, when it is outside them, the standing token (`actual`)."""
+    known = dict(entries)
+    if not top_n <= len(known) <= top_n + 1:
+        raise checks.fail(f"{what} has {len(known)} log-probs where the top {top_n} were asked for")
+    ids, logprobs = _top(known.items(), top_n, actual)
+    scored = (actual, known[actual]) if actual in known else None
+    checks.top_position(ids, logprobs, width=top_n, vocab_size=vocab_size, what=what, scored=scored)
+    return ids, logprobs
 
 
 def _top(entries: Iterable[tuple[int, float]], top_n: int, actual: int) -> tuple[np.ndarray, np.ndarray]:
@@ -64,22 +77,32 @@ def _top(entries: Iterable[tuple[int, float]], top_n: int, actual: int) -> tuple
     return ids[order], logprobs[order]
 
 
-def parse_verification(answer: Any, context_len: int, draft_tokens: Sequence[int], top_n: int) -> Verification:
-    """Turn a /v1/completions answer into per-position logprobs; raise on anything malformed."""
+def parse_verification(answer: Any, context_len: int, draft_tokens: Sequence[int], top_n: int, *,
+                       vocab_size: int | None = None) -> Verification:
+    """Turn a /v1/completions answer into per-position logprobs; raise on anything malformed or out of range
+    (ids below `vocab_size` when given)."""
     try:
         choice = answer["choices"][0]
-        scored = choice["prompt_logprobs"][context_len:]
+        prompt = choice["prompt_logprobs"]
+        if prompt is not None and len(prompt) != context_len + len(draft_tokens):
+            raise checks.fail(f"the answer scores {len(prompt)} prompt positions for a prompt of "
+                              f"{context_len + len(draft_tokens)}")
+        scored = prompt[context_len:]
         positions = []
-        for token, entry in zip(draft_tokens, scored, strict=True):
+        for index, (token, entry) in enumerate(zip(draft_tokens, scored, strict=True)):
             if str(token) not in entry:
                 raise UpstreamUnavailableError("upstream did not score the draft token")
-            pairs = ((int(key), _logprob(value["logprob"])) for key, value in entry.items())
-            ids, logprobs = _top(pairs, top_n, token)
-            positions.append(PositionLogprobs(token, _logprob(entry[str(token)]["logprob"]), ids, logprobs))
-        bonus = int(choice["token_ids"][0])
+            what = f"draft position {index + 1}"
+            pairs = [(int(key), _logprob(value["logprob"], what)) for key, value in entry.items()]
+            ids, logprobs = _position(pairs, top_n, token, vocab_size, what)
+            positions.append(PositionLogprobs(token, dict(pairs)[token], ids, logprobs))
+        checks.count(choice["token_ids"], 1, "the answer", "output ids")
+        bonus = checks.token_id(choice["token_ids"][0], vocab_size, "the bonus token")
+        checks.count(choice["logprobs"]["top_logprobs"], 1, "the bonus position", "rows")
         top = choice["logprobs"]["top_logprobs"][0]
-        pairs = ((int(key.removeprefix(TOKEN_ID_PREFIX)), _logprob(value)) for key, value in top.items())
-        ids, logprobs = _top(pairs, top_n, bonus)
+        pairs = [(int(key.removeprefix(TOKEN_ID_PREFIX)), _logprob(value, "the bonus position"))
+                 for key, value in top.items()]
+        ids, logprobs = _position(pairs, top_n, bonus, vocab_size, "the bonus position")
         positions.append(PositionLogprobs(None, None, ids, logprobs))
         details = (answer.get("usage") or {}).get("prompt_tokens_details") or {}
         return Verification(tuple(positions), bonus, int(details.get("cached_tokens") or 0))
@@ -101,6 +124,7 @@ class VLLMTarget:
     def __init__(self, upstream: Upstream, model: str | None = None) -> None:
         self.upstream = upstream
         self.model = model  # the served model id; discovered from /v1/models when None
+        self.vocab_size: int | None = None  # the route's vocabulary: answered ids must lie below it
         self._max_model_len: int | None = None
 
     async def _model_card(self) -> dict[str, Any]:
@@ -145,22 +169,26 @@ class VLLMTarget:
         """What top-N log-probs allow: vLLM returns no more."""
         return exactness_problem(params, top_n, self.order)
 
+    def prompt_fields(self, kind: str) -> frozenset[str]:
+        """What prompt_ids() hands to /tokenize: the chat template's settings, or whether to add special tokens."""
+        return frozenset(CHAT_TEMPLATE_KEYS if kind == CHAT else ("add_special_tokens",))
+
     def prompt_problem(self, request: GenerationRequest) -> str | None:
         """None: vLLM's /tokenize takes prompts and conversations, and /v1/models gives the context length."""
         return None
 
     async def score(self, context: list[int], draft: Draft, plan: ScorePlan) -> Scores:
         """One /v1/completions call, its top-N folded with the draft into the sampler's support."""
-        verification = await self.verify(context, list(draft.tokens), plan.top_n, plan.client_headers)
+        verification = await self.verify(context, list(draft.tokens), plan.top_n, plan.client_headers, plan.model)
         return Scores(*support_from_top_n(verification, draft.tokens, draft.probs, plan.params, self.order))
 
     async def verify(self, context: list[int], draft_tokens: list[int], top_n: int,
-                     client_headers: dict[str, str] | None = None) -> Verification:
+                     client_headers: dict[str, str] | None = None, model: str | None = None) -> Verification:
         """Score the drafts and get the bonus position in one /v1/completions call."""
         if top_n < 1:
             raise ValueError("top_n must be at least 1: the argmax comes from the top list")
         body = {
-            "model": await self.served_model(),
+            "model": model or await self.served_model(),  # the client's (a LoRA adapter verifies as itself)
             "prompt": context + list(draft_tokens),
             "max_tokens": 1,
             "temperature": 0.0,
@@ -170,13 +198,13 @@ class VLLMTarget:
             "return_token_ids": True,
         }
         answer = await self.upstream.post_json("/v1/completions", body, client_headers=client_headers)
-        return parse_verification(answer, len(context), draft_tokens, top_n)
+        return parse_verification(answer, len(context), draft_tokens, top_n, vocab_size=self.vocab_size)
 
     async def generate(self, context: list[int], max_new_tokens: int, params: SamplingParams, seed: int,
-                       client_headers: dict[str, str] | None = None) -> list[int]:
+                       client_headers: dict[str, str] | None = None, model: str | None = None) -> list[int]:
         """Plain decoding on the target: up to max_new_tokens sampled by vLLM itself (EOS included)."""
         body = {
-            "model": await self.served_model(),
+            "model": model or await self.served_model(),  # the client's (a LoRA adapter verifies as itself)
             "prompt": context,
             "max_tokens": max_new_tokens,
             "temperature": params.temperature,
@@ -188,9 +216,13 @@ class VLLMTarget:
         }
         answer = await self.upstream.post_json("/v1/completions", body, client_headers=client_headers)
         try:
-            return [int(t) for t in answer["choices"][0]["token_ids"]]
+            tokens = checks.token_ids(answer["choices"][0]["token_ids"], self.vocab_size, "a plain completion")
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise UpstreamUnavailableError("upstream sent a malformed /v1/completions answer") from exc
+        if len(tokens) > max_new_tokens:
+            raise checks.fail(f"a plain completion has {len(tokens)} tokens where at most {max_new_tokens} were "
+                              "asked for")
+        return tokens
 
     async def prompt_ids(self, body: dict, kind: str, client_headers: dict[str, str] | None = None) -> tuple[list[int], int]:
         """Prompt ids from the server's /tokenize (its own chat template), and its context size."""
@@ -201,9 +233,10 @@ class VLLMTarget:
             return list(body["prompt"]), await self.context_size()
         else:
             request = {"prompt": body["prompt"], "add_special_tokens": body.get("add_special_tokens", True)}
-        request["model"] = await self.served_model()
+        request["model"] = body.get("model") or await self.served_model()
         answer = await self.upstream.post_json("/tokenize", request, client_headers=client_headers)
         try:
-            return [int(t) for t in answer["tokens"]], int(answer["max_model_len"])
+            return (checks.token_ids(answer["tokens"], self.vocab_size, "the prompt's tokenization"),
+                    int(answer["max_model_len"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise UpstreamUnavailableError("upstream sent a malformed /tokenize answer") from exc

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-from aiohttp import web
+from typing import TYPE_CHECKING
 
 from proxy.models import registry as models
 from proxy.observability import logs
 
+if TYPE_CHECKING:
+    from aiohttp import web
+
 DEFAULT_PORT = 8001
+DEFAULT_QUEUE = 64
 
 
 def add_cli(commands: argparse._SubParsersAction) -> None:
@@ -19,12 +22,17 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", required=True, help="path to a .gguf file or a name from `speculoos models list`")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads (default: every core this process may run on; a proxy whose draft model "
+                             "runs on this machine takes turns with it)")
     parser.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
     parser.add_argument("--gpu-layers", type=int, default=0, help="layers to offload (Metal/CUDA builds)")
     parser.add_argument("--name", default=None, help="model name to report (default: the model's name)")
     parser.add_argument("--parallel", type=int, default=4,
                         help="requests served at once, each in a KV-cache sequence of its own (default 4)")
+    parser.add_argument("--queue", type=int, default=DEFAULT_QUEUE,
+                        help="requests that may wait for a sequence when all are in use; beyond them, 503 with "
+                             f"Retry-After (default {DEFAULT_QUEUE})")
     parser.add_argument("--shared-decode", action="store_true",
                         help="batch concurrent requests' rows into shared decodes: more throughput, but "
                              "logits (and near-tie outputs) then depend on the load")
@@ -34,7 +42,7 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load the model and serve until interrupted."""
     from proxy.engine.llama import EngineOptions
-    from proxy.verifier.server import load_verifier_app
+    from proxy.verifier.server import load_verifier_app, run_verifier
 
     logs.configure()
     try:
@@ -43,12 +51,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"speculoos verifier: {exc}")
         return 1
     name = args.name or (args.model if args.model in models.MODEL_NAMES else Path(path).stem)
+    if args.threads is not None and args.threads < 1:
+        print("speculoos verifier: --threads must be at least 1")
+        return 2
     if args.parallel < 1:
         print("speculoos verifier: --parallel must be at least 1")
         return 2
+    if args.queue < 0:
+        print("speculoos verifier: --queue must be at least 0")
+        return 2
     options = EngineOptions(Path(path), n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers,
                             n_seq=args.parallel)
-    app = load_verifier_app(options, model_name=name, shared_decode=args.shared_decode)
-    print(f"speculoos verifier: {name} on http://{args.host}:{args.port}", flush=True)
-    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
+    app = load_verifier_app(options, model_name=name, shared_decode=args.shared_decode, max_waiting=args.queue)
+    print(f"speculoos verifier: {name} on http://{args.host}:{args.port} ({threads_line(app)})", flush=True)
+    run_verifier(app, args.host, args.port)
     return 0
+
+
+def threads_line(app: web.Application) -> str:
+    """The model's CPU threads against the cores, as the start-up line says them."""
+    from proxy.engine.threads import usable_cores
+    from proxy.verifier.info import MODEL
+
+    threads = app[MODEL].engine.threads
+    return f"{threads} thread{'s' if threads != 1 else ''} of {usable_cores()} cores"

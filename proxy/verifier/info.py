@@ -79,12 +79,13 @@ async def model_info(request: web.Request) -> web.Response:
     """SGLang's /model_info, extended with what the proxy's tokenizer check compares."""
     engine = request.app[MODEL].engine
     return web.json_response({
-        "model_path": str(engine.options.model_path),
+        "model_path": engine.options.model_path.name,  # the file name only: its directory tells a client about the host
         "served_model_name": request.app[MODEL_NAME],
         "is_generation": True,
         "vocab_size": engine.n_vocab,
         "bos_token_id": engine.vocabulary.special_ids["bos"],
         "eos_token_id": engine.vocabulary.special_ids["eos"],
+        "eos_token_ids": sorted(engine.vocabulary.end_of_generation_ids),  # where generation stops here (llama.cpp's)
         "max_model_len": engine.n_ctx,
         "speculoos_extensions": ["draft_support_ids"],
     })

@@ -14,7 +14,7 @@ from proxy.engine.sequences import SequenceLeases, SequencePool
 class VerifierModel:
     """One loaded GGUF serving several requests at once, each in a sequence of its own."""
 
-    def __init__(self, engine: LlamaEngine, *, shared_decode: bool = False) -> None:
+    def __init__(self, engine: LlamaEngine, *, shared_decode: bool = False, max_waiting: int | None = None) -> None:
         self.engine = engine
         self.vocabulary = engine.vocabulary
         self.shared_decode = shared_decode
@@ -23,7 +23,7 @@ class VerifierModel:
         # its logits do not depend on what else runs. On: concurrent requests' rows share decodes
         # (more throughput; logits, and so near-tie outputs, then depend on the load).
         self._batcher = StepBatcher(self._runner) if shared_decode else None
-        self._pool = SequencePool(SequenceLeases(engine.n_seq, engine.held))
+        self._pool = SequencePool(SequenceLeases(engine.n_seq, engine.held), max_waiting=max_waiting)
 
     async def evaluate(self, seq: int, tokens: Sequence[int], first_logit_row: int) -> Evaluation:
         """Logits for rows >= first_logit_row of tokens, evaluated in sequence `seq`."""
@@ -33,7 +33,12 @@ class VerifierModel:
 
     @asynccontextmanager
     async def sequence(self, context: Sequence[int]) -> AsyncIterator[int]:
-        """A sequence for one request (the free one sharing most of its context), waiting while all are in use."""
+        """A sequence for one request (the free one sharing most of its context), waiting while all are in use.
+
+        Raises OverloadedError when all are in use and the queue of waiting requests is full. A request
+        cancelled meanwhile (its client left) gives its sequence back at once: whatever it queued on the
+        engine's thread and had not started is dropped, so the engine stops at the step it is on.
+        """
         lease = await self._pool.acquire(context)
         try:
             if lease.copy_from is not None:
@@ -45,6 +50,11 @@ class VerifierModel:
     def occupancy(self) -> tuple[int, int]:
         """(sequences held by requests now, sequences)."""
         return self.engine.n_seq - self._pool.leases.free, self.engine.n_seq
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a sequence."""
+        return self._pool.waiting
 
     def close(self) -> None:
         """Stop the engine thread and free the model."""

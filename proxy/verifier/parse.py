@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.errors import BadRequestError
+from proxy.errors import BadRequestError, ContextOverflowError
 from proxy.sampling.processors import SamplingParams
 
 MAX_TOP_LOGPROBS = 1000
+# Logits one sequence may score (rows x vocabulary): 256 MiB as float32, a few times that while their
+# log-softmax is taken. logprob_start_len 0 on a 4k prompt over a 150k vocabulary would be about 15 GB.
+MAX_SCORED_LOGITS = 1 << 26
+# [logprob, id, null] entries one answer may return: each is a few hundred bytes as Python objects.
+MAX_LOGPROB_ENTRIES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -115,3 +121,26 @@ def _parse_support(value: Any, batched: bool) -> list[list[int]] | None:
     if not isinstance(value, list) or not all(_is_ids(ids) for ids in value):
         raise BadRequestError("'draft_support_ids' must be a list of non-empty id lists", param="draft_support_ids")
     return value
+
+
+def check_limits(requests: Sequence[GenerateRequest], n_ctx: int, n_vocab: int) -> None:
+    """Refuse, before any work, what does not fit the context or would exceed this verifier's memory caps."""
+    entries = 0
+    for req in requests:
+        if len(req.input_ids) + req.max_new_tokens > n_ctx:
+            raise ContextOverflowError(f"the input ({len(req.input_ids)} tokens) plus 'max_new_tokens' "
+                                       f"({req.max_new_tokens}) exceed the context of {n_ctx} tokens",
+                                       param="max_new_tokens")
+        rows = len(req.input_ids) - req.logprob_start_len  # logit rows scored: [rows, vocab]
+        max_rows = max(1, MAX_SCORED_LOGITS // n_vocab)
+        if rows > max_rows:
+            raise BadRequestError(f"'logprob_start_len' {req.logprob_start_len} asks for {rows} rows of logits; "
+                                  f"this verifier scores at most {max_rows} rows per sequence "
+                                  f"({MAX_SCORED_LOGITS} logits over a {n_vocab}-token vocabulary)",
+                                  param="logprob_start_len")
+        if req.return_logprob:  # each returned row: its token's entry and the top-N
+            entries += (rows + req.max_new_tokens) * (req.top_logprobs_num + 1)
+    if entries > MAX_LOGPROB_ENTRIES:
+        raise BadRequestError(f"the returned rows x ('top_logprobs_num' + 1) make {entries} log-prob entries; "
+                              f"this verifier returns at most {MAX_LOGPROB_ENTRIES} per request",
+                              param="top_logprobs_num")

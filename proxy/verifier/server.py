@@ -4,6 +4,11 @@ It answers SGLang's `/generate` (token ids in, per-position raw logprobs out) so
 verify drafts against a GGUF target, SGLang's tokenizer and description endpoints (info.py), and
 plain OpenAI generation so the proxy can pass requests through to it. One model, several
 KV-cached sequences: each request in flight keeps its own prefix.
+
+It defends itself: served with handler cancellation (`run_verifier`), a request whose client
+leaves stops between two engine steps and frees its sequence; a bounded queue waits for sequences
+(503 with Retry-After beyond it); `/generate` refuses up front what exceeds the context or the
+memory caps of `parse.check_limits`.
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ from proxy.verifier import info
 from proxy.verifier.generate import pick_token, run_generate
 from proxy.verifier.info import MODEL, MODEL_NAME
 from proxy.verifier.model import VerifierModel
-from proxy.verifier.parse import parse_generate
+from proxy.verifier.parse import check_limits, parse_generate
 from proxy.wire.emit import write_generation
 from proxy.wire.errors import error_middleware
+from proxy.wire.fields import RESPONSE_EXTRAS
 from proxy.wire.request import CHAT, COMPLETION, GenerationRequest, parse_generation_request, read_json
 from proxy.wire.textstream import TextStream
 
@@ -34,6 +40,7 @@ async def generate(request: web.Request) -> web.Response:
     """SGLang-native /generate."""
     requests, batched = parse_generate(await read_json(request))
     model = request.app[MODEL]
+    check_limits(requests, model.engine.n_ctx, model.engine.n_vocab)
     async with model.sequence(requests[0].input_ids) as seq:  # a batch's sequences take turns in one
         answers = [await run_generate(model.evaluate, model.vocabulary, seq, req, np.random.default_rng(req.seed))
                    for req in requests]
@@ -41,9 +48,11 @@ async def generate(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    """Liveness, and how many sequences requests hold."""
-    in_use, total = request.app[MODEL].occupancy()
-    return web.json_response({"status": "ok", "sequences": {"in_use": in_use, "total": total}})
+    """Liveness, how many sequences requests hold, and how many requests wait for one."""
+    model = request.app[MODEL]
+    in_use, total = model.occupancy()
+    return web.json_response({"status": "ok", "sequences": {"in_use": in_use, "total": total,
+                                                            "waiting": model.waiting}})
 
 
 def _prompt_ids(vocabulary: LlamaVocabulary, parsed: GenerationRequest) -> list[int]:
@@ -72,8 +81,8 @@ async def _decode_one_by_one(
 
 async def _openai_generation(request: web.Request, kind: str) -> web.StreamResponse:
     parsed = parse_generation_request(await read_json(request), kind)  # type: ignore[arg-type]
-    if parsed.unsupported:
-        raise BadRequestError(UNSUPPORTED_HERE.format(fields=", ".join(parsed.unsupported)))
+    if refused := [name for name in parsed.unsupported if name not in RESPONSE_EXTRAS]:  # extras: ignored here
+        raise BadRequestError(UNSUPPORTED_HERE.format(fields=", ".join(refused)))
     model = request.app[MODEL]
     vocabulary = model.vocabulary
     prompt_ids = _prompt_ids(vocabulary, parsed)
@@ -114,8 +123,15 @@ def create_verifier_app(model: VerifierModel, model_name: str, *, max_body_bytes
     return app
 
 
-def load_verifier_app(options: EngineOptions, *, model_name: str | None = None,
-                      shared_decode: bool = False) -> web.Application:
+def load_verifier_app(options: EngineOptions, *, model_name: str | None = None, shared_decode: bool = False,
+                      max_waiting: int | None = None) -> web.Application:
     """Load the GGUF and build the app."""
-    model = VerifierModel(LlamaEngine(options), shared_decode=shared_decode)
+    model = VerifierModel(LlamaEngine(options), shared_decode=shared_decode, max_waiting=max_waiting)
     return create_verifier_app(model, model_name or options.model_path.stem)
+
+
+def run_verifier(app: web.Application, host: str, port: int) -> None:
+    """Serve until interrupted; a handler whose client disconnects is cancelled, freeing its sequence."""
+    # aiohttp leaves handler cancellation off by default: a non-streamed generation would otherwise
+    # decode to its end, holding its sequence, for a client that is gone.
+    web.run_app(app, host=host, port=port, print=None, access_log=None, handler_cancellation=True)

@@ -41,8 +41,9 @@ def request_control(headers: Mapping[str, str], body: dict) -> RequestControl:
     pipeline = field.get("pipeline")
     if header.startswith("k="):
         value = header[2:]
-        return RequestControl(forced=True, pinned_k=_pinned(int(value) if value.isdigit() else value, CONTROL_HEADER),
-                              pipeline=pipeline)
+        # Short ASCII digits only: int() refuses some characters isdigit() accepts (superscripts), and long numbers.
+        number = int(value) if value.isascii() and value.isdigit() and len(value) <= 9 else value
+        return RequestControl(forced=True, pinned_k=_pinned(number, CONTROL_HEADER), pipeline=pipeline)
     if header not in ("", "on", "off", "auto"):
         raise BadRequestError(f"{CONTROL_HEADER} must be off, on, auto or k=N", param=CONTROL_HEADER)
     off = header == "off" or field.get("mode") == "off"

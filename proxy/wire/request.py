@@ -14,22 +14,10 @@ from aiohttp import web
 
 from proxy.errors import BadRequestError, ContextOverflowError
 from proxy.sampling.processors import SamplingParams
+from proxy.wire.fields import CHAT, COMPLETION, PREDICTED_CONTENT, TEXT_PART, unsupported_fields
 
-CHAT = "chat"
-COMPLETION = "completion"
 LEGACY_DEFAULT_MAX_TOKENS = 16  # /v1/completions default on vLLM and SGLang
 MAX_STOP_STRINGS = 4
-
-# Fields we cannot reproduce while speculating: a request using them passes through instead.
-UNSUPPORTED_WHEN_SET = (
-    "logit_bias", "logprobs", "top_logprobs", "tools", "functions", "response_format",
-    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar", "json_schema",
-    "structured_outputs",
-)
-NEUTRAL_VALUES: dict[str, Any] = {
-    "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "repeat_penalty": 1,
-    "n": 1, "best_of": 1, "echo": False, "suffix": None, "min_tokens": 0,
-}
 
 
 @dataclass(frozen=True)
@@ -49,8 +37,9 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     seed: int | None
-    unsupported: tuple[str, ...]  # fields set that only the upstream can honour
+    unsupported: tuple[str, ...]  # fields, at their values, that only the upstream can honour (fields.py)
     body: dict = field(repr=False)
+    prediction: str | None = field(default=None, repr=False)  # Predicted Outputs: the output the client expects
 
     @property
     def greedy(self) -> bool:
@@ -129,12 +118,22 @@ def _prompt(body: dict) -> str | list[int]:
     raise BadRequestError("'prompt' must be a string or a list of token ids", param="prompt")
 
 
-def _unsupported(body: dict) -> tuple[str, ...]:
-    names = [n for n in UNSUPPORTED_WHEN_SET if body.get(n) not in (None, False, [], {})]
-    names += [n for n, neutral in NEUTRAL_VALUES.items() if n in body and body[n] != neutral]
-    if body.get("tool_choice") not in (None, "none"):
-        names.append("tool_choice")
-    return tuple(sorted(set(names)))
+def _prediction(body: dict) -> str | None:
+    """The text of a prediction of type content (other types are the upstream's to honour), or None."""
+    prediction = body.get("prediction")
+    if prediction is None:
+        return None
+    if not isinstance(prediction, dict):
+        raise BadRequestError("'prediction' must be an object", param="prediction")
+    if prediction.get("type") != PREDICTED_CONTENT:
+        return None
+    content = prediction.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == TEXT_PART
+                                         and isinstance(part.get("text"), str) for part in content):
+        return "".join(part["text"] for part in content)
+    raise BadRequestError("'prediction.content' must be a string or a list of text parts", param="prediction")
 
 
 def parse_generation_request(body: Any, kind: Literal["chat", "completion"]) -> GenerationRequest:
@@ -175,14 +174,20 @@ def parse_generation_request(body: Any, kind: Literal["chat", "completion"]) -> 
         stream=stream,
         include_usage=bool(options and options.get("include_usage")),
         seed=seed,
-        unsupported=_unsupported(body),
+        unsupported=unsupported_fields(body, kind),
         body=body,
+        prediction=_prediction(body),
     )
 
 
 async def read_json(request: web.Request) -> Any:
     """The request body as JSON, or a 400 that says why not."""
+    raw = await request.read()
     try:
-        return json.loads(await request.read())
+        return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequestError(f"the request body is not valid JSON: {exc}") from exc
+    except ValueError as exc:  # an integer longer than Python converts (sys.get_int_max_str_digits)
+        raise BadRequestError(f"the request body holds a number too long to read: {exc}") from exc
+    except RecursionError as exc:  # arrays or objects nested deeper than the parser's recursion limit
+        raise BadRequestError("the request body is nested too deeply") from exc

@@ -12,13 +12,23 @@ from proxy.wire.request import CHAT
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    """OpenAI usage object."""
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, details: dict[str, int] | None = None) -> dict[str, Any]:
+    """OpenAI usage object, with `completion_tokens_details` when given."""
+    counts: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if details is not None:
+        counts["completion_tokens_details"] = details
+    return counts
+
+
+def prediction_details(drafted: int, accepted: int) -> dict[str, int]:
+    """Predicted Outputs' counts: prediction tokens drafted and accepted (they appear in the output as predicted),
+    and drafted and rejected. Prediction tokens never drafted (past a change the output never came back from,
+    or judged not worth verifying) count as neither."""
+    return {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": drafted - accepted}
 
 
 class ResponseShape:
@@ -48,13 +58,13 @@ class ResponseShape:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
         return self._envelope("text_completion", [choice])
 
-    def usage_chunk(self, usage_obj: dict[str, int]) -> dict[str, Any]:
+    def usage_chunk(self, usage_obj: dict[str, Any]) -> dict[str, Any]:
         """The final stream_options.include_usage chunk: no choices."""
         body = self._envelope("chat.completion.chunk" if self.kind == CHAT else "text_completion", [])
         body["usage"] = usage_obj
         return body
 
-    def full(self, text: str, finish_reason: str | None, usage_obj: dict[str, int]) -> dict[str, Any]:
+    def full(self, text: str, finish_reason: str | None, usage_obj: dict[str, Any]) -> dict[str, Any]:
         """The non-streaming response body."""
         if self.kind == CHAT:
             message = {"role": "assistant", "content": text}

@@ -15,6 +15,7 @@ from proxy.models import fetch as models
 from tests.e2e.proxy_harness import FIRST_BYTE_S, IDLE_S, ROUTE_KEYED, STALLGEN_FIRST_BYTE_S, route, start_routes_proxy
 from tests.e2e.servers import DRAFT_QWEN, GEMMA, SMOL, TARGET_QWEN, Process, start_proxy, start_verifier, write_routes
 from tests.fakes.faulty_upstream import FakeUpstream, create_app
+from tests.fakes.stale_relay import StaleRelay
 from tests.support import free_port
 
 
@@ -116,7 +117,15 @@ def fake(faults_verifier: Process) -> Iterator[FakeUpstream]:
 
 
 @pytest.fixture(scope="module")
-def faults(faults_verifier: Process, doomed_verifier: Process, fake: FakeUpstream, log_dir: Path) -> Iterator[Process]:
+def stale(faults_verifier: Process) -> Iterator[StaleRelay]:
+    """A relay in front of `faults_verifier` that closes each kept-alive connection on its next request."""
+    with StaleRelay(faults_verifier.url) as relay:
+        yield relay
+
+
+@pytest.fixture(scope="module")
+def faults(faults_verifier: Process, doomed_verifier: Process, fake: FakeUpstream, stale: StaleRelay,
+           log_dir: Path) -> Iterator[Process]:
     """The proxy with one route per situation; a route's model name is the fake's mode, unless said otherwise."""
     nothing = f"http://127.0.0.1:{free_port()}"
     process = start_routes_proxy(log_dir / "faults.yaml", [
@@ -130,6 +139,7 @@ def faults(faults_verifier: Process, doomed_verifier: Process, fake: FakeUpstrea
         route("stallmid", f"{fake.url}/stallmid", timeouts={"idle": IDLE_S}),
         route("flaky", f"{fake.url}/flaky", draft=SMOL),
         route("relay", f"{fake.url}/relay", draft=SMOL),
+        route("stale", stale.url, draft=SMOL),
         route("endless", f"{fake.url}/endless"),
         route("ratelimit", f"{fake.url}/ratelimit"),
         route("notjson", f"{fake.url}/notjson", draft=SMOL),

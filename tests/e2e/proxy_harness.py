@@ -43,7 +43,7 @@ def route(name: str, url: str, *, draft: str | None = None, **extra: Any) -> dic
     settings: dict[str, Any] = {"name": name, "match": {"model": name},
                                 "upstream": {"url": url, "protocol": "sglang"}}
     if draft:
-        settings["draft"] = {"model": draft, "threads": int(THREADS), "ctx": 4096}
+        settings["draft"] = {"model": draft, "threads": int(THREADS), "ctx": 4096, "shares_cores": False}  # as APART
     for key, value in extra.items():
         settings[key] = {**settings.get(key, {}), **value}
     return settings

@@ -15,6 +15,9 @@ from tests.support import free_port
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0
 THREADS = "1"  # llama.cpp threads spin-wait: several model processes on 2 cores must not oversubscribe
+# One thread each, a draft and its verifier fit two cores side by side, as on two devices: they need not take
+# turns (tests/e2e/test_run_script.py covers the shipped set-up, where they do).
+APART = "shares_cores: false"
 
 TARGET_QWEN = "qwen2.5-coder-1.5b"
 DRAFT_QWEN = "qwen2.5-coder-0.5b"
@@ -64,17 +67,17 @@ def start_server(args: list[str], port: int, log_path: Path, ready_path: str) ->
     raise RuntimeError(f"server did not become ready in {START_TIMEOUT_S} s:\n{process.log()}")
 
 
-def start_verifier(model: str, log_dir: Path, *, ctx: int = 4096) -> Process:
-    """A real verifier process for one model."""
+def start_verifier(model: str, log_dir: Path, *, ctx: int = 4096, options: tuple[str, ...] = ()) -> Process:
+    """A real verifier process for one model; `options` are more command-line options."""
     port = free_port()
     return start_server(["verifier", "--model", model, "--port", str(port), "--threads", THREADS,
-                         "--ctx", str(ctx)], port, log_dir / f"verifier-{model}-{port}.log", "/health")
+                         "--ctx", str(ctx), *options], port, log_dir / f"verifier-{model}-{port}.log", "/health")
 
 
 def write_routes(path: Path, upstream: str, draft: str | None, *, k: int = 4, extra: str = "",
                  kind: str = "model", parallel: int = 4, draft_extra: str = "") -> Path:
     """A one-route routes.yaml pointing at `upstream`."""
-    draft_block = (f"    draft: {{kind: {kind}, model: {draft}, threads: {THREADS}, ctx: 4096, parallel: {parallel}"
+    draft_block = (f"    draft: {{kind: {kind}, model: {draft}, threads: {THREADS}, {APART}, ctx: 4096, parallel: {parallel}"
                    f"{draft_extra}}}\n" if draft else "")
     path.write_text(
         "routes:\n"

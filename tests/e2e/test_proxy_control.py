@@ -43,8 +43,8 @@ class SwitchableDrafter:
         garbage = tuple((t + 7919) % vocab for t in draft.tokens)  # a prime shift: never the same
         return Draft(garbage, one_hot(garbage, vocab))
 
-    def reserve(self, request_id: str, context: Sequence[int]) -> bool:
-        return self.inner.reserve(request_id, context)
+    def reserve(self, request_id: str, context: Sequence[int], *, tenant: str = "") -> bool:
+        return self.inner.reserve(request_id, context, tenant=tenant)
 
     def release(self, request_id: str) -> None:
         self.inner.release(request_id)
@@ -77,8 +77,11 @@ async def proxy(smol_verifier: Process, model_paths: dict) -> AsyncIterator[tupl
     config = parse_config({"routes": [{
         "name": "smol", "upstream": {"url": smol_verifier.url},
         # Without draft-ahead, the drafter is asked once a round: `bad_after_rounds` counts rounds.
-        "draft": {"model": SMOL, "threads": 1}, "speculation": {"k": 4, "pipeline": False},
-        "fallback": {"ewma_alpha": 0.5, "probe_every_requests": 2, "min_acceptance": 0.3},
+        "draft": {"model": SMOL, "threads": 1, "shares_cores": False}, "speculation": {"k": 4, "pipeline": False},
+        # Costs where drafting pays when the draft is right and loses when it is wrong (SmolLM2 drafting for itself
+        # costs what the target does on a CPU: measured, no draft could ever pay), so acceptance alone decides.
+        "fallback": {"ewma_alpha": 0.5, "probe_every_requests": 2, "min_acceptance": 0.3,
+                     "assume_costs": {"draft_ms": 2, "verify_ms_flat": 20, "verify_ms_per_token": 2, "plain_ms": 20}},
     }]})
     drafts: list[SwitchableDrafter] = []
 

@@ -36,6 +36,7 @@ from tests.e2e.proxy_harness import (
 )
 from tests.e2e.servers import Process
 from tests.fakes.faulty_upstream import CANCELLED, FLAKY_AT, GENERATE_PATH, HELLO_CHUNKS, FakeUpstream
+from tests.fakes.stale_relay import StaleRelay
 
 # -- bad input --------------------------------------------------------------------------------------
 
@@ -273,3 +274,24 @@ def test_speculative_stream_whose_verifier_dies(faults: Process, doomed_verifier
                            headers=SPECULATE, timeout=30)
     assert_openai_error(reply, 502, error_type="upstream_error")
     assert_still_serving(faults)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_kept_alive_connection_the_upstream_closes_is_sent_again(faults: Process, faults_verifier: Process,
+                                                                   stale: StaleRelay, stream: bool) -> None:
+    """The `stale` route's relay closes each kept-alive connection when its next request arrives: a verification
+    that meets one is sent again on a new connection, and the answer is the target's own."""
+    body = {"model": "stale", "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 24, "temperature": 0}
+    expected = http.post_json(faults_verifier.url + COMPLETIONS_PATH, body, timeout=120).json()["choices"][0]["text"]
+    closed = stale.closed
+    reply = http.post_json(faults.url + COMPLETIONS_PATH, {**body, "stream": stream}, headers=SPECULATE, timeout=120)
+    assert_served(reply, "speculative")
+    if stream:
+        events = reply.events()
+        assert events[-1] == "[DONE]" and all("error" not in e for e in events[:-1])
+        text = "".join(c["choices"][0]["text"] for c in events[:-1] if c["choices"])
+    else:
+        text = reply.json()["choices"][0]["text"]
+    assert text == expected
+    assert stale.closed > closed, "no kept-alive connection was closed under a request"
+    assert_still_serving(faults, passthrough=False)

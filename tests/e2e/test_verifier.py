@@ -1,10 +1,15 @@
-"""The verifier against plain llama.cpp: exact logprobs, true top-k, prefix reuse, errors, OpenAI clients."""
+"""The verifier against plain llama.cpp: exact logprobs, true top-k, prefix reuse, errors, OpenAI clients,
+and its defences: clients that leave, a full queue, caps on what one request may ask for."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 import openai
 import pytest
@@ -17,7 +22,7 @@ from proxy.verifier.generate import log_softmax
 from tests import support as http
 from tests.e2e import greedy
 from tests.e2e.greedy import batch_vs_sequential_gap
-from tests.e2e.servers import SMOL, TARGET_QWEN, Process
+from tests.e2e.servers import SMOL, TARGET_QWEN, Process, start_verifier
 
 TOP_N = 20
 REFERENCE_BATCH = 512  # the verifier's n_batch: a cold request is evaluated in the same split
@@ -175,6 +180,14 @@ BAD_REQUESTS = [
     ("/generate", b'{"input_ids": [1, 2], "sampling_params": {"temperature": -1}}', 400, "temperature"),
     ("/generate", b'{"input_ids": [1, 2], "sampling_params": {"max_new_tokens": "x"}}', 400, "max_new_tokens"),
     ("/generate", b'{"input_ids": [1, 2], "sampling_params": {"top_p": 0}}', 400, "(0, 1]"),  # as SGLang
+    # Caps, refused before any work: what cannot fit the context, and what would take gigabytes.
+    ("/generate", b'{"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4095}}', 400,
+     "plus 'max_new_tokens' (4095) exceed the context of 4096 tokens"),
+    ("/generate", json.dumps({"input_ids": [1] * 1400, "logprob_start_len": 0}).encode(), 400,
+     "asks for 1400 rows of logits; this verifier scores at most 1365 rows"),  # 2**26 logits // 49152
+    ("/generate", json.dumps({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 0,
+                              "top_logprobs_num": 1000, "sampling_params": {"max_new_tokens": 1000}}).encode(),
+     400, "make 1003002 log-prob entries; this verifier returns at most 1000000 per request"),
     ("/tokenize", b'{"nothing": 1}', 400, "Exactly one of 'prompt' or 'messages'"),
     ("/v1/tokenize", b'{"prompt": "a", "messages": []}', 400, "Exactly one of 'prompt' or 'messages'"),
     ("/v1/detokenize", b'{"tokens": [1, "a"]}', 400, "tokens"),
@@ -257,3 +270,90 @@ async def test_check_reports_the_verifiers_findings(smol_verifier: Process, mode
     assert "current SGLang" in found["log-prob alignment"]
     assert found["exact at temperature 1.0"] == found["exact at temperature 0.8, min_p 0.1"] == "yes"
     assert "top_p in (0, 1]" in found["exact at top_p 0"]
+
+
+def test_model_info_names_the_file_not_where_it_lives(smol_verifier: Process, model_paths: dict[str, Path]) -> None:
+    info = http.get(smol_verifier.url + "/model_info").json()
+    assert info["model_path"] == model_paths[SMOL].name
+    assert str(model_paths[SMOL].parent) not in json.dumps(info)
+
+
+# -- clients that leave, and a full queue ---------------------------------------------------------------
+
+COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"  # greedy decoding goes on counting: a long generation
+LONG = 4000
+LEAVES_AFTER_S = 2.0
+SERVED_WITHIN_S = 5.0  # a generation left running would hold the only sequence for far longer
+
+
+@pytest.fixture(scope="module")
+def one_slot_verifier(model_paths: dict[str, Path], log_dir: Path) -> Iterator[Process]:
+    """A SmolLM2 verifier with one sequence and room for one waiting request."""
+    process = start_verifier(SMOL, log_dir, options=("--parallel", "1", "--queue", "1"))
+    yield process
+    process.stop()
+
+
+def long_request(verifier: Process, path: str) -> dict:
+    """A non-streamed request that decodes for a long time."""
+    if path == "/generate":
+        ids = tokenize(verifier, COUNTING)
+        return {"input_ids": ids, "sampling_params": {"max_new_tokens": LONG, "temperature": 0}}
+    return {"model": "m", "prompt": COUNTING, "max_tokens": LONG, "temperature": 0}
+
+
+async def sequences(session: aiohttp.ClientSession, verifier: Process) -> dict:
+    async with session.get(verifier.url + "/health") as reply:
+        return (await reply.json())["sequences"]
+
+
+async def wait_for(session: aiohttp.ClientSession, verifier: Process, key: str, value: int) -> None:
+    for _ in range(200):
+        if (await sequences(session, verifier))[key] == value:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"/health never showed {key} = {value}")
+
+
+async def short_generate(session: aiohttp.ClientSession, verifier: Process) -> aiohttp.ClientResponse:
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    timeout = aiohttp.ClientTimeout(total=SERVED_WITHIN_S)
+    async with session.post(verifier.url + "/generate", json=body, timeout=timeout) as reply:
+        await reply.read()
+        return reply
+
+
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions"])
+async def test_a_non_streamed_client_that_times_out_frees_its_sequence_at_once(one_slot_verifier: Process,
+                                                                                path: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        body = long_request(one_slot_verifier, path)
+        leaving = asyncio.create_task(session.post(one_slot_verifier.url + path, json=body,
+                                                   timeout=aiohttp.ClientTimeout(total=LEAVES_AFTER_S)))
+        await wait_for(session, one_slot_verifier, "in_use", 1)
+        await asyncio.sleep(LEAVES_AFTER_S / 2)
+        assert (await sequences(session, one_slot_verifier))["in_use"] == 1  # still decoding
+        with pytest.raises(asyncio.TimeoutError):
+            await leaving
+        # The only sequence is needed: it is free as soon as the client has gone.
+        assert (await short_generate(session, one_slot_verifier)).status == 200
+
+
+async def test_a_full_queue_answers_503_with_retry_after(one_slot_verifier: Process) -> None:
+    async with aiohttp.ClientSession() as session:
+        holder = asyncio.create_task(session.post(one_slot_verifier.url + "/generate",
+                                                  json=long_request(one_slot_verifier, "/generate")))
+        await wait_for(session, one_slot_verifier, "in_use", 1)
+        waiter = asyncio.create_task(short_generate(session, one_slot_verifier))
+        await wait_for(session, one_slot_verifier, "waiting", 1)
+        for path, body in [("/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}}),
+                           ("/v1/completions", {"model": "m", "prompt": "Hi", "max_tokens": 1})]:
+            async with session.post(one_slot_verifier.url + path, json=body) as refused:
+                assert refused.status == 503
+                assert int(refused.headers["Retry-After"]) >= 1
+                error = (await refused.json())["error"]
+            assert error["type"] == "server_error" and error["code"] == "server_overloaded"
+            assert "queue of 1 waiting requests is full" in error["message"]
+        holder.cancel()  # its client leaves: the waiting request gets the sequence
+        assert (await waiter).status == 200
+        assert (await short_generate(session, one_slot_verifier)).status == 200

@@ -181,7 +181,7 @@ def vllm_proxy(vllm_url: str, log_dir: Path) -> Iterator[Process]:
         "  - name: vllm\n"
         "    match: {model: \"*\"}\n"
         f"    upstream: {{url: \"{vllm_url}\", protocol: vllm}}\n"
-        f"    draft: {{model: {SMOL}, threads: 1, ctx: 4096}}\n"
+        f"    draft: {{model: {SMOL}, threads: 1, ctx: 4096, shares_cores: false}}\n"
         "    speculation: {k: 4}\n"
     )
     process = start_proxy(routes, log_dir)

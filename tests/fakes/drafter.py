@@ -19,7 +19,7 @@ class _Stateless:
 
     looks_up = False
 
-    def reserve(self, request_id: str, context: Sequence[int]) -> bool:
+    def reserve(self, request_id: str, context: Sequence[int], *, tenant: str = "") -> bool:
         return True
 
     def release(self, request_id: str) -> None:

@@ -14,6 +14,10 @@ upstream path. Every request is recorded (`FakeUpstream.seen`). The modes (`MODE
 - `endless`: the chat stream sends HELLO_CHUNKS, then chunks until the client leaves (recorded as `cancelled`);
 - `ratelimit`: chat answers 429 with Retry-After;
 - `bigctx`: chat echoes without the verifier, and the model claims a context of BIG_CTX;
+- `CORRUPTIONS` (`oov-bonus`, `nan-probs`, ...): `/generate` relays, and an answer of the kind the mode
+  corrupts (a verification with more than FLAKY_AT input ids, or any plain decode) comes back edited:
+  an id outside the vocabulary, NaN or infinite numbers, a position too few, a one-element row, or
+  (`cut`) half its body before the connection closes. Each corrupted answer is recorded (`CORRUPTED`);
 - any other mode (`relay`, `keyed`, ...): relays, tagging the answer with UPSTREAM_HEADER.
 """
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -38,6 +43,8 @@ BIG_CTX = 32768  # the context `bigctx` claims, larger than a 4096-token draft's
 FLAKY_AT = 40  # `flaky` fails every /generate with more input ids than this
 RETRY_AFTER = "7"
 UPSTREAM_HEADER = "X-Fake-Upstream"  # set to the mode on every relayed answer
+CORRUPTED = "corrupted"  # the path recorded for each answer a corrupting mode edited
+OUT_OF_VOCABULARY = 1_000_000  # a token id past any test model's vocabulary
 
 
 @dataclass(frozen=True)
@@ -174,6 +181,121 @@ async def endless(request: web.Request, seen: Seen) -> web.StreamResponse:
     return await _stream(request, seen, HELLO, endless=True)
 
 
+# -- corrupted /generate answers ---------------------------------------------------------------------
+
+Corruption = Callable[[dict[str, Any]], bool]  # edits a /generate answer in place; False: nothing to edit
+
+
+def _top_rows(answer: dict[str, Any]) -> list[list]:
+    """The top log-prob rows of a top-N answer (input positions, then the output's)."""
+    meta = answer["meta_info"]
+    return [row for row in [*meta.get("input_top_logprobs", []), *meta.get("output_top_logprobs", [])] if row]
+
+
+def oov_bonus(answer: dict[str, Any]) -> bool:
+    answer["output_ids"][0] = OUT_OF_VOCABULARY
+    return True
+
+
+def oov_plain(answer: dict[str, Any]) -> bool:
+    if answer["output_ids"]:
+        answer["output_ids"][-1] = OUT_OF_VOCABULARY
+    return bool(answer["output_ids"])
+
+
+def oov_top(answer: dict[str, Any]) -> bool:
+    for row in _top_rows(answer):
+        row[0][1] = OUT_OF_VOCABULARY
+    return bool(_top_rows(answer))
+
+
+def nan_logprobs(answer: dict[str, Any]) -> bool:
+    meta = answer["meta_info"]
+    for entry in [*meta.get("input_token_logprobs", []), *(e for row in _top_rows(answer) for e in row)]:
+        if entry[0] is not None:
+            entry[0] = math.nan
+    return bool(_top_rows(answer))
+
+
+def inf_logprobs(answer: dict[str, Any]) -> bool:
+    for row in _top_rows(answer):
+        row[-1][0] = math.inf  # the least likely entry now outranks the rest
+    return bool(_top_rows(answer))
+
+
+def nan_probs(answer: dict[str, Any]) -> bool:
+    support = answer["meta_info"]["draft_support"]
+    support["target_probs"] = [[math.nan] * len(row) for row in support["target_probs"]]
+    return bool(support["target_probs"])
+
+
+def one_short(answer: dict[str, Any]) -> bool:
+    meta = answer["meta_info"]
+    rows = ([meta["draft_support"][key] for key in ("target_probs", "outside_mass", "outside_tokens")]
+            if "draft_support" in meta else [meta["input_token_logprobs"], meta["input_top_logprobs"]])
+    if not rows[0]:
+        return False
+    for row in rows:
+        row.pop()
+    return True
+
+
+def broadcast(answer: dict[str, Any]) -> bool:
+    """Every row of several entries cut to its first: a one-element row where several were asked for."""
+    meta = answer["meta_info"]
+    rows = meta["draft_support"]["target_probs"] if "draft_support" in meta else _top_rows(answer)
+    wide = [row for row in rows if len(row) > 1]
+    for row in wide:
+        del row[1:]
+    return bool(wide)
+
+
+def _is_verification(body: dict[str, Any]) -> bool:
+    return bool(body.get("return_logprob")) or "draft_support_ids" in body
+
+
+async def _edited(request: web.Request, seen: Seen, corruption: Corruption, plain: bool) -> bytes | None:
+    """The verifier's answer edited, when it is of the kind picked and `corruption` found something to edit."""
+    body = seen.body if isinstance(seen.body, dict) else {}
+    if _is_verification(body) == plain or (not plain and len(body.get("input_ids", [])) <= FLAKY_AT):
+        return None
+    async with request.app[SESSION].post(request.app[VERIFIER] + seen.path, json=body) as answer:
+        if answer.status != 200:
+            return None
+        edited = await answer.json()
+    if not corruption(edited):
+        return None
+    request.app[SEEN].append(replace(seen, path=CORRUPTED, headers={}, body=None))
+    return json.dumps(edited).encode()  # NaN and Infinity written as Python's json writes (and reads) them
+
+
+def corrupting(corruption: Corruption, *, plain: bool = False) -> Behaviour:
+    """Relay, editing a verification answer with more than FLAKY_AT input ids (or, `plain`, any plain decode)."""
+
+    async def handle(request: web.Request, seen: Seen) -> web.StreamResponse:
+        edited = await _edited(request, seen, corruption, plain)
+        if edited is None:
+            return await relay(request, seen)
+        return web.Response(body=edited, content_type="application/json", headers={UPSTREAM_HEADER: seen.mode})
+
+    return handle
+
+
+async def cut(request: web.Request, seen: Seen) -> web.StreamResponse:
+    """Relay, sending half of a verification answer with more than FLAKY_AT input ids, then closing the connection."""
+    edited = await _edited(request, seen, lambda answer: True, plain=False)
+    if edited is None:
+        return await relay(request, seen)
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    response.content_length = len(edited)
+    await response.prepare(request)
+    await response.write(edited[: len(edited) // 2])
+    await asyncio.sleep(0.05)
+    assert request.transport is not None
+    request.transport.close()  # flushes what was written, then FIN: the body ends mid-JSON
+    return response
+
+
 def on(path: str, behaviour: Behaviour, *, info: Edit | None = None) -> Behaviour:
     """`behaviour` on `path`; every other path relays, `info` editing the model's description."""
 
@@ -199,6 +321,21 @@ MODES: dict[str, Behaviour] = {
     "ratelimit": on(CHAT_PATH, rate_limited),
     "bigctx": on(CHAT_PATH, echo, info=big_context),
 }
+
+# The corrupting modes; a `-topn` mode's model claims no draft-support extension, as a stock SGLang server.
+CORRUPTIONS: dict[str, Behaviour] = {
+    "oov-bonus": on(GENERATE_PATH, corrupting(oov_bonus)),
+    "oov-plain": on(GENERATE_PATH, corrupting(oov_plain, plain=True)),
+    "oov-topn": on(GENERATE_PATH, corrupting(oov_top), info=no_draft_support),
+    "nan-logprobs-topn": on(GENERATE_PATH, corrupting(nan_logprobs), info=no_draft_support),
+    "inf-logprobs-topn": on(GENERATE_PATH, corrupting(inf_logprobs), info=no_draft_support),
+    "nan-probs": on(GENERATE_PATH, corrupting(nan_probs)),
+    "short": on(GENERATE_PATH, corrupting(one_short)),
+    "short-topn": on(GENERATE_PATH, corrupting(one_short), info=no_draft_support),
+    "broadcast-topn": on(GENERATE_PATH, corrupting(broadcast), info=no_draft_support),
+    "cut": on(GENERATE_PATH, cut),
+}
+MODES.update(CORRUPTIONS)
 
 
 # -- the app and its server -------------------------------------------------------------------------

@@ -67,6 +67,7 @@ class ToyVocabulary:
 
     n_vocab = VOCAB
     special_ids = {"bos": -1, "eos": END}
+    llama_only_ends: frozenset[int] = frozenset()
 
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         return [1 + ord(c) % (VOCAB - 1) for c in text]

@@ -41,6 +41,8 @@ CLAMPED_NEG_INF = -9999.0
 MAX_LOGPROBS = 20
 CONTEXT_SIZE = 4096
 SERVED_NAME = "toy"
+ADAPTER = "toy-lora"  # a LoRA adapter (--lora-modules): listed after the base model, answering as the base does here
+ADAPTERS = web.AppKey("adapters", tuple)  # the LoRA adapters served besides the base model
 VERSION = "0.32.0"
 
 SEEN = web.AppKey("seen", list)  # ("POST /v1/completions", body) per request
@@ -102,8 +104,8 @@ def _text(token: int) -> str:
     return ToyVocabulary().token_bytes(token).decode()
 
 
-def _check_model(body: dict[str, Any]) -> None:
-    if body.get("model") not in (None, SERVED_NAME):
+def _check_model(app: web.Application, body: dict[str, Any]) -> None:
+    if body.get("model") not in (None, SERVED_NAME, *app[ADAPTERS]):
         raise RefusedError(f"The model `{body['model']}` does not exist.", status=404, error_type="NotFoundError")
 
 
@@ -181,7 +183,7 @@ def _prompt_ids(body: dict[str, Any]) -> list[int]:
 
 def completion(app: web.Application, body: dict[str, Any]) -> dict[str, Any]:
     """vLLM's /v1/completions answer for one prompt; RefusedError for what vLLM refuses."""
-    _check_model(body)
+    _check_model(app, body)
     model, ids = app[MODEL], _prompt_ids(body)
     params, max_tokens = _sampling(body, len(ids))
     rng = np.random.default_rng(body.get("seed"))
@@ -228,7 +230,7 @@ async def tokenize(request: web.Request) -> web.Response:
     """vLLM's /tokenize: a text prompt, or a conversation through the (toy) chat template."""
     body = await _record(request)
     try:
-        _check_model(body)
+        _check_model(request.app, body)
     except RefusedError as exc:
         return exc.response()
     if "messages" in body:
@@ -251,7 +253,9 @@ async def models(request: web.Request) -> web.Response:
                   "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False}
     card = {"id": SERVED_NAME, "object": "model", "created": 0, "owned_by": "vllm", "root": SERVED_NAME,
             "parent": None, "max_model_len": CONTEXT_SIZE, "permission": [permission]}
-    return web.json_response({"object": "list", "data": [card]})
+    adapters = [{**card, "id": name, "root": f"/adapters/{name}", "parent": SERVED_NAME}
+                for name in request.app[ADAPTERS]]
+    return web.json_response({"object": "list", "data": [card, *adapters]})
 
 
 async def version(request: web.Request) -> web.Response:
@@ -260,10 +264,10 @@ async def version(request: web.Request) -> web.Response:
     return web.json_response({"version": VERSION})
 
 
-def toy_vllm_app(model: ToyModel) -> web.Application:
-    """A vLLM serving one toy model as `toy`."""
+def toy_vllm_app(model: ToyModel, *, adapters: tuple[str, ...] = ()) -> web.Application:
+    """A vLLM serving one toy model as `toy` (and as each LoRA adapter named)."""
     app = web.Application()
-    app[SEEN] = []
+    app[SEEN], app[ADAPTERS] = [], adapters
     app[MODEL] = model
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/tokenize", tokenize)

@@ -57,7 +57,7 @@ BAD = [
     (
         qwen("draft: {model: m, zz: 1}"),
         f"{Q}: draft.zz: unknown key (allowed: kind, model, ngram_min, ngram_max, k_max, min_token_prob, match_factor, "
-        "candidates, share_history, history_tokens, threads, ctx, gpu_layers, batch, "
+        "candidates, share_history, history_tokens, threads, shares_cores, ctx, gpu_layers, batch, "
         "parallel)",
     ),
     (qwen("draft: {model: m, kind: lookup}"), f"{Q}: draft.kind: must be one of model, ngram, suffix, hybrid"),

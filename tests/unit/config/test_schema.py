@@ -188,3 +188,46 @@ def test_draft_model_registry_name_or_path(tmp_path: Path, model: str, is_path: 
     assert draft is not None
     assert (draft.path is not None) == is_path
     assert draft.model == (str(tmp_path / model) if is_path else model)
+
+
+# --- browsers, history scope, the upstream pool ------------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "stored"), [
+    (None, "key"),  # the default: one history per API key
+    (True, "key"),  # earlier configs' true
+    (False, "none"),
+    ("route", "route"),
+    ("none", "none"),
+])
+def test_share_history_scopes(value: bool | str | None, stored: str) -> None:
+    draft = {"model": "m"} if value is None else {"model": "m", "share_history": value}
+    assert DraftConfig(**draft).share_history == stored
+
+
+@pytest.mark.parametrize(("server", "stored"), [
+    ({"allowed_origins": ["https://App.example:443/", "http://localhost:3000", "null", "*"]},
+     ("https://app.example", "http://localhost:3000", "null", "*")),
+    ({"allowed_hosts": ["Proxy.LAN", "[::1]", "*"]}, ("proxy.lan", "::1", "*")),
+])
+def test_browser_allowlists_are_normalised(server: dict, stored: tuple[str, ...]) -> None:
+    config = ServerConfig(**server)
+    assert (config.allowed_origins or config.allowed_hosts) == stored
+
+
+@pytest.mark.parametrize("server", [
+    {"allowed_origins": ["app.example"]},  # no scheme
+    {"allowed_origins": ["ftp://app.example"]},
+    {"allowed_origins": ["https://app.example/path"]},
+    {"allowed_hosts": ["proxy.lan:8080"]},  # a port
+    {"allowed_hosts": ["http://proxy.lan"]},
+])
+def test_bad_browser_allowlists_are_refused(server: dict) -> None:
+    with pytest.raises(ValidationError):
+        ServerConfig(**server)
+
+
+def test_the_upstream_pool_and_its_wait_are_configured_per_route() -> None:
+    assert (UpstreamConfig(url="http://h").connections, TimeoutsConfig().pool) == (100, 30.0)
+    with pytest.raises(ValidationError):
+        UpstreamConfig(url="http://h", connections=0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.config.schema import AssumedCostsConfig, FallbackConfig
-from proxy.control.costs import AssumedCosts, RouteCosts
+from proxy.control.costs import AssumedCosts, Calibration, RouteCosts
 from proxy.control.policy import (
     MIN_ROUNDS_BEFORE_SWITCH,
     MIN_ROUNDS_TO_JUDGE,
@@ -91,16 +91,14 @@ def test_a_request_decides_with_its_own_acceptance_rate() -> None:
         policy.observe(round_event(index, 4, 4))
 
 
-def test_a_request_explores_before_it_may_switch_and_a_forced_one_never_does() -> None:
+def test_a_request_explores_before_it_may_switch() -> None:
     costs, settings = route_with_low_alpha()
-    for forced, after in ((False, 0), (True, 1)):
-        policy = RequestPolicy(costs, settings, 4, Decision(0, "route in passthrough"), forced=forced)
-        ks = []
-        for index in range(MIN_ROUNDS_BEFORE_SWITCH + 1):
-            ks.append(policy.next_k().k)
-            policy.observe(round_event(index, 4, 0))
-        assert ks[:MIN_ROUNDS_BEFORE_SWITCH] == [4] * MIN_ROUNDS_BEFORE_SWITCH  # a probe explores at the configured k
-        assert ks[-1] == after
+    policy = RequestPolicy(costs, settings, 4, Decision(0, "route in passthrough"))
+    ks = []
+    for index in range(MIN_ROUNDS_BEFORE_SWITCH + 1):
+        ks.append(policy.next_k().k)
+        policy.observe(round_event(index, 4, 0))
+    assert ks == [4] * MIN_ROUNDS_BEFORE_SWITCH + [0]  # a probe explores at the configured k, then decides
 
 
 def test_a_request_never_writes_the_routes_measurements_or_decision() -> None:
@@ -134,14 +132,21 @@ def test_a_fresh_route_measures_the_plain_rate_once_before_its_first_round() -> 
     assert (decision.k, decision.measure_plain) == (0, False)
 
 
-def test_a_route_that_knows_its_plain_rate_or_a_forced_request_measures_nothing() -> None:
+def test_a_route_that_knows_its_plain_rate_measures_nothing() -> None:
     costs, settings = route_with_low_alpha()
-    forced = RequestPolicy(RouteCosts(0.1, 8), settings, 4, Decision(4, "start"), forced=True)
-    informed = RequestPolicy(costs, settings, 4, Decision(4, "start"))
-    for policy in (forced, informed):
-        for index in range(MIN_ROUNDS_BEFORE_SWITCH + 2):
-            assert not policy.next_k().measure_plain
-            policy.observe(round_event(index, 4, 4))
+    policy = RequestPolicy(costs, settings, 4, Decision(4, "start"))
+    for index in range(MIN_ROUNDS_BEFORE_SWITCH + 2):
+        assert not policy.next_k().measure_plain
+        policy.observe(round_event(index, 4, 4))
+
+
+def test_a_forced_request_drafts_at_its_k_whatever_the_costs_and_acceptance() -> None:
+    policy = PinnedPolicy(4, "k=4: speculation forced by the client")
+    for index in range(MIN_ROUNDS_BEFORE_SWITCH + 8):
+        decision = policy.next_k()
+        assert (decision.k, decision.measure_plain, decision.reading) == (4, False, False)
+        policy.observe(round_event(index, 4, 0))
+    assert policy.lookup_length([0.1] * 32) == 32
 
 
 def read_event(agreed: str) -> ReadEvent:
@@ -238,9 +243,9 @@ def test_a_request_gives_the_model_draft_up_once_it_could_not_pay_even_optimisti
 
 
 @pytest.mark.parametrize(("round_s", "assumed", "drafts"), [
-    (0.5, False, False),  # 5 tokens per 0.5 s ran at 10 tok/s against 20 plain: the model draft is given up
-    (0.1, False, True),  # the control: rounds that ran as predicted (50 tok/s) go on
-    (0.5, True, True),  # assumed costs describe other hardware: this machine's timings do not judge them
+    (0.25, False, False),  # 4 tokens per 0.25 s ran at 16 tok/s against 20 plain: the model draft is given up
+    (0.1, False, True),  # the control: rounds that ran as predicted (40 tok/s) go on
+    (0.25, True, True),  # assumed costs describe other hardware: this machine's timings do not judge them
 ])
 def test_a_request_gives_the_model_draft_up_once_its_rounds_ran_slower_than_plain(round_s: float, assumed: bool,
                                                                                    drafts: bool) -> None:
@@ -252,7 +257,46 @@ def test_a_request_gives_the_model_draft_up_once_its_rounds_ran_slower_than_plai
     policy = RequestPolicy(costs, FallbackConfig(k_min=4, k_max=4), 4, Decision(4, "start"))
     for index in range(1, MIN_ROUNDS_TO_JUDGE + 1):
         assert policy.next_k().k == 4
-        policy.observe(round_event(index, 4, 4, draft_s=round_s / 2, verify_s=round_s / 2))  # as the rounds ran
+        # 3 of 4 accepted, as the rounds ran: accepting all 4 would have paid (20 tok/s), so it takes several rounds
+        policy.observe(round_event(index, 4, 3, draft_s=round_s / 2, verify_s=round_s / 2))
     decision = policy.next_k()
     assert (decision.k == 4) == drafts and policy.model_may_pay() == drafts
-    assert ("drafting ran at 10.0 tok/s" in decision.reason) == (not drafts)
+    assert (decision.reason == "drafting ran at 16.0 tok/s vs 20.0 tok/s plain") == (not drafts)
+
+
+@pytest.mark.parametrize(("round_s", "drafts"), [
+    (0.5, False),  # 5 tokens in 0.5 s even had every draft been accepted: 10 tok/s against 20 plain
+    (0.2, True),  # the control: 25 tok/s had every draft been accepted; one rejection says nothing yet
+])
+def test_a_request_stops_a_losing_model_draft_after_one_round(round_s: float, drafts: bool) -> None:
+    costs = RouteCosts(0.1, 4)
+    feed_rounds(costs, 4, 4, draft_s=0.0, verify_s=0.10)  # what the rule predicts from: 50 tok/s
+    costs.record_plain(tokens=100, seconds=100 * 0.05)  # 20 tok/s plain
+    policy = RequestPolicy(costs, FallbackConfig(k_min=4, k_max=4), 4, Decision(4, "start"))
+    assert policy.next_k().k == 4
+    policy.observe(round_event(1, 4, 0, draft_s=round_s / 2, verify_s=round_s / 2))  # timed as it ran
+    decision = policy.next_k()
+    assert (decision.k == 4) == drafts and policy.model_may_pay() == drafts
+    assert ("even accepting every draft, drafting ran at 10.0 tok/s" in decision.reason) == (not drafts)
+
+
+def test_a_request_on_calibrated_costs_that_cannot_pay_never_drafts_or_reads() -> None:
+    """Costs measured before the first round: where every draft accepted would lose, no round is spent to learn it."""
+    for verify_s, drafts in ((0.5, False), (0.05, True)):
+        costs = RouteCosts(0.1, 4)
+        costs.seed(Calibration(64, 0.05, ((4, verify_s),), 0.01))  # 20 tok/s plain; all accepted: 8.5 or 59 tok/s
+        policy = RequestPolicy(costs, FallbackConfig(k_min=4, k_max=4), 4, Decision(4, "start"))
+        decision = policy.next_k()
+        assert (decision.k == 4) == drafts and policy.model_may_pay() == drafts
+        assert not decision.measure_plain  # the calibration measured the plain rate
+
+
+def test_a_probe_times_one_round_before_costs_rule_the_model_out() -> None:
+    """Costs timed long ago (a busy start-up, say) must not rule the model out for good: a probe re-times them."""
+    costs = RouteCosts(0.1, 4)
+    costs.seed(Calibration(64, 0.05, ((4, 0.5),), 0.01))  # as timed: even all accepted, 5 tokens per 0.54 s
+    probe = RequestPolicy(costs, FallbackConfig(k_min=4, k_max=4), 4, Decision(0, "route in passthrough"),
+                          reads_along=True)
+    assert probe.next_k().k == 4 and probe.model_may_pay()
+    probe.observe(round_event(1, 4, 4, draft_s=0.04, verify_s=0.5))  # the round ran as timed: still no use
+    assert probe.next_k().k == 0 and not probe.model_may_pay()

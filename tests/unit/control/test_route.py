@@ -8,8 +8,9 @@ from dataclasses import replace
 import pytest
 
 from proxy.config.schema import FallbackConfig
+from proxy.control.costs import Calibration
 from proxy.control.policy import MIN_ROUNDS_BEFORE_SWITCH, Decision
-from proxy.control.route import ROUTE_ROUNDS_TO_JUDGE, RouteController
+from proxy.control.route import ALPHA_NOT_MEASURED, ROUTE_ROUNDS_TO_JUDGE, RouteController
 from tests.unit.control.test_costs import feed_rounds, round_event
 
 
@@ -97,18 +98,47 @@ def test_a_route_that_looks_up_has_a_model_it_turned_off_read_along_only_at_prob
     assert [p.next_k().reading for p in policies] == [False, False, True]
 
 
-@pytest.mark.parametrize(("wait_s", "rounds", "speculates"), [
-    (0.4, ROUTE_ROUNDS_TO_JUDGE, False),  # each round waited for the model: they ran slower than plain decoding
-    (0.4, ROUTE_ROUNDS_TO_JUDGE - 1, True),  # too few rounds to judge
-    (0.0, ROUTE_ROUNDS_TO_JUDGE, True),  # control: the rounds ran as their parts predict
+@pytest.mark.parametrize(("accepted", "wait_s", "rounds", "reason"), [
+    # Every draft accepted, the round waiting 0.95 s for the model: one round shows the model cannot pay.
+    (4, 0.95, 1, "even accepting every draft, drafting ran at 4.8 tok/s vs 10.0 tok/s plain"),
+    # Half accepted: the rounds' time could pay (12.5 tok/s all accepted), their acceptance did not (7.5 tok/s).
+    (2, 0.31, ROUTE_ROUNDS_TO_JUDGE, "drafting ran at 7.5 tok/s vs 10.0 tok/s plain"),
+    (2, 0.31, ROUTE_ROUNDS_TO_JUDGE - 1, None),  # too few rounds to judge acceptance
+    (2, 0.0, ROUTE_ROUNDS_TO_JUDGE, None),  # control: the rounds ran as their parts predict
 ])
-def test_a_route_turns_the_model_off_once_its_rounds_ran_slower_than_plain(wait_s: float, rounds: int,
-                                                                            speculates: bool) -> None:
+def test_a_route_turns_the_model_off_once_its_rounds_ran_slower_than_plain(accepted: int, wait_s: float, rounds: int,
+                                                                            reason: str | None) -> None:
     c, _ = controller()
     c.record_plain(10, 1.0)  # 10 tok/s
-    for index in range(1, rounds + 1):  # all 4 accepted, 10 ms a token drafting and 0.2 s verifying: 20.8 tok/s
-        c.observe(replace(round_event(index, 4, 4, draft_s=0.04 + wait_s), drafting_seconds_per_token=0.01))
-    assert c.costs.speculative_rate(4) == pytest.approx(5 / 0.24)  # the parts predict a win either way
-    assert (c.current.k > 0) == speculates, c.current
-    if not speculates:
-        assert c.current.reason == "drafting ran at 7.8 tok/s vs 10.0 tok/s plain"
+    for index in range(1, rounds + 1):  # 10 ms a token drafting and 0.05 s verifying
+        event = round_event(index, 4, accepted, draft_s=0.04 + wait_s, verify_s=0.05)
+        c.observe(replace(event, drafting_seconds_per_token=0.01))
+    assert c.costs.speculative_rate(4) > 2 * 10.0  # the parts predict a win either way
+    assert (c.current.k == 0) == (reason is not None), c.current
+    if reason is not None:
+        assert c.current.reason == reason
+
+
+def test_a_route_decides_from_its_calibration_before_any_request() -> None:
+    """Timed at start-up: where every draft accepted would still lose, the model is off before anyone pays a round."""
+    for verify_s, draft_s, off in ((0.5, 0.05, True), (0.06, 0.01, False)):  # plain: 20 tok/s
+        c, _ = controller()
+        c.calibrated(Calibration(64, 0.05, ((1, verify_s), (4, verify_s), (8, verify_s)), draft_s))
+        assert c.costs.plain_rate == pytest.approx(20.0) and c.costs.draft_per_token.value == draft_s
+        assert c.costs.verify_time(4) == verify_s and c.costs.alpha.samples == 0  # acceptance is left to requests
+        assert (c.current.k == 0) == off, c.current
+        assert ("even accepting every draft" in c.current.reason) == off
+        if not off:  # no prior α decides: the first request explores at the configured k
+            assert c.current == Decision(4, ALPHA_NOT_MEASURED)
+        assert json.loads(json.dumps(c.status()))["calibration"]["context"] == 64
+
+
+def test_a_forced_request_drafts_at_the_configured_k_and_verifies_lookup_paths_in_full() -> None:
+    c, _ = controller()
+    c.calibrated(Calibration(64, 0.05, ((1, 0.5), (4, 0.5)), 0.05))  # the costs say plain decoding wins
+    policy = c.policy(forced=True)
+    for index in range(6):
+        assert policy.next_k().k == 4
+        policy.observe(round_event(index, 4, 0))
+    assert policy.lookup_length([0.9] * 32) == 32
+    assert policy.model_may_pay()

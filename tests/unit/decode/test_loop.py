@@ -9,6 +9,7 @@ import pytest
 
 from proxy.control.policy import Decision, PinnedPolicy
 from proxy.decode.events import PlainEvent, SwitchEvent
+from proxy.decode.loop import FIRST_CHUNK
 from proxy.decode.plain import PLAIN_CHUNK
 from proxy.drafting.base import Draft
 from proxy.sampling.processors import SamplingParams, one_hot
@@ -78,7 +79,7 @@ async def test_an_empty_draft_decodes_a_plain_chunk_instead_of_verifying_nothing
     assert sum(batches, []) == served.model.greedy(PROMPT, 10)
     assert rounds(events) == [] and served.bodies(scoring=True) == []
     plain = [e for e in events if isinstance(e, PlainEvent)]
-    assert all(e.lookup_missed for e in plain) and [len(e.tokens) for e in plain] == [4, 4, 2]
+    assert all(e.lookup_missed for e in plain) and [len(e.tokens) for e in plain] == [FIRST_CHUNK, 4, 4, 1]
 
 
 async def test_drafting_resumes_after_a_plain_chunk(served: Served) -> None:

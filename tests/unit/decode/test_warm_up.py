@@ -9,7 +9,7 @@ from proxy.config.schema import FallbackConfig
 from proxy.control.costs import RouteCosts
 from proxy.control.policy import Decision, PinnedPolicy, RequestPolicy
 from proxy.decode.events import PlainEvent, ReadEvent, SwitchEvent
-from proxy.decode.loop import START_CHUNK
+from proxy.decode.loop import FIRST_CHUNK, START_CHUNK
 from proxy.decode.plain import PLAIN_CHUNK
 from proxy.sampling.processors import SamplingParams
 from tests.fakes.drafter import ScriptedDrafter
@@ -61,15 +61,16 @@ async def test_the_target_decodes_plainly_until_the_draft_has_read_the_prompt(se
     batches, events = await run(served, drafter, 30, policy=ReadAfter(4, drafter, chunks=2), warm_up=True)
     assert sum(batches, []) == served.model.greedy(PROMPT, 30)
     chunks = plain_events(events)  # the reading ends as the second chunk comes back: the loop may start a third
-    assert len(chunks) in (2, 3) and [len(b) for b in batches[:len(chunks)]] == [START_CHUNK] * len(chunks)
+    sizes = [FIRST_CHUNK] + [START_CHUNK] * (len(chunks) - 1)  # the prefill's chunk: its token comes at once
+    assert len(chunks) in (2, 3) and [len(b) for b in batches[:len(chunks)]] == sizes
     assert [e.prefill for e in chunks] == [True] + [False] * (len(chunks) - 1)
     assert chunks[0].draft_busy and chunks[1].draft_busy  # decoded while the draft read the prompt
     # The draft reads the chunks, in order, then drafts after them; a greedy draft's reading says what it would
     # have drafted before each token (here: the target's own choice).
-    assert drafter.chunks_read == [len(PROMPT) + START_CHUNK * i for i in range(len(chunks))]
+    assert drafter.chunks_read == [len(PROMPT) + sum(sizes[:i]) for i in range(len(chunks))]
     reads = [e for e in events if isinstance(e, ReadEvent)]
     assert [e.tokens for e in reads] == [e.tokens for e in chunks] and all(all(e.agreed) for e in reads)
-    assert drafter.calls[0] == (len(PROMPT) + START_CHUNK * len(chunks), 4)
+    assert drafter.calls[0] == (len(PROMPT) + sum(sizes), 4)
     assert len(rounds(events)) >= 2 and all(e.accepted == 4 for e in rounds(events)[:-1])
 
 
@@ -157,10 +158,10 @@ async def test_a_greedy_request_that_reads_along_goes_back_to_drafting(served: S
     drafter.done_reading.set()
     batches, events = await run(served, drafter, 40, policy=PlainThenDraft(4, plain=2), warm_up=True)
     assert sum(batches, []) == served.model.greedy(PROMPT, 40)
-    assert [len(b) for b in batches[:2]] == [START_CHUNK, PLAIN_CHUNK]  # short while the draft reads the prompt
+    assert [len(b) for b in batches[:2]] == [FIRST_CHUNK, PLAIN_CHUNK]  # the prefill's chunk is short
     assert len([e for e in events if isinstance(e, SwitchEvent)]) == 1
-    assert drafter.chunks_read == [len(PROMPT), len(PROMPT) + START_CHUNK]
-    assert rounds(events) and drafter.calls[0] == (len(PROMPT) + START_CHUNK + PLAIN_CHUNK, 4)
+    assert drafter.chunks_read == [len(PROMPT), len(PROMPT) + FIRST_CHUNK]
+    assert rounds(events) and drafter.calls[0] == (len(PROMPT) + FIRST_CHUNK + PLAIN_CHUNK, 4)
 
 
 async def test_a_sampled_request_switches_for_good(served: Served) -> None:
@@ -181,8 +182,8 @@ async def test_on_a_fresh_route_a_greedy_request_measures_plain_decoding_then_re
     chunks = plain_events(events[: events.index(rounds(events)[0])])
     # The prefill's chunk measures nothing, the next one the plain rate, with the draft idle: neither is read.
     measuring, read = chunks[:2], chunks[2:]
-    assert [len(e.tokens) for e in measuring] == [START_CHUNK, PLAIN_CHUNK] and not any(e.draft_busy for e in measuring)
-    assert drafter.chunks_read[0] == len(PROMPT) + START_CHUNK + PLAIN_CHUNK
+    assert [len(e.tokens) for e in measuring] == [FIRST_CHUNK, PLAIN_CHUNK] and not any(e.draft_busy for e in measuring)
+    assert drafter.chunks_read[0] == len(PROMPT) + FIRST_CHUNK + PLAIN_CHUNK
     # Each chunk is read while the target decodes the next, so the decision may see one chunk fewer.
     assert len(read) in (2, 3) and drafter.calls[0][0] == len(PROMPT) + sum(len(e.tokens) for e in chunks)
     assert not [e for e in events if isinstance(e, SwitchEvent)]  # measuring and reading first is no switch
@@ -211,7 +212,7 @@ async def test_a_greedy_request_whose_draft_cannot_pay_stops_reading(served: Ser
     batches, events = await run(served, drafter, 40, policy=GivesUpAfter(chunks=2), warm_up=True)
     assert sum(batches, []) == served.model.greedy(PROMPT, 40)
     # The second chunk's reading, still in flight at the switch, ends before plain decoding goes on; then no more.
-    assert drafter.chunks_read == [len(PROMPT), len(PROMPT) + START_CHUNK]
+    assert drafter.chunks_read == [len(PROMPT), len(PROMPT) + FIRST_CHUNK]
     assert len(plain_events(events)) > 2 and len([e for e in events if isinstance(e, ReadEvent)]) == 2
     assert len([e for e in events if isinstance(e, SwitchEvent)]) == 1 and not rounds(events)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from proxy.drafting.lookup import HybridDrafter, SuffixDrafter
-from proxy.drafting.suffix import LookupSettings, OutputHistory, continuations, match_lengths
+from proxy.drafting.suffix import LookupSettings, OutputHistory, ScopedHistory, continuations, match_lengths
 from tests.fakes.drafter import ScriptedDrafter
 from tests.unit.drafting.plans import plan
 
@@ -93,6 +93,37 @@ async def test_the_route_history_serves_later_requests_unless_kept_apart() -> No
         drafter.release("first")
         drafter.reserve("second", [8])
         assert (await drafter.propose([8, 2, 3], plan(request_id="second"))).tokens == expected
+
+
+@pytest.mark.parametrize(("per_tenant", "writer", "reader", "expected"), [
+    (True, "key-a", "key-a", (4, 5, 6, 7)),  # a client drafts from its own earlier outputs
+    (True, "key-a", "key-b", ()),  # ... never from another client's
+    (True, "key-a", "", ()),  # ... nor does a request without a key
+    (True, "", "", (4, 5, 6, 7)),  # requests without a key share one scope
+    (False, "key-a", "key-b", (4, 5, 6, 7)),  # share_history: route shares across clients on purpose
+])
+async def test_the_history_is_scoped_per_tenant_unless_shared_across_the_route(
+        per_tenant: bool, writer: str, reader: str, expected: tuple[int, ...]) -> None:
+    drafter = SuffixDrafter(ScriptedDrafter(lambda context, k: []), LookupSettings(factor=8.0), history_tokens=1000,
+                            per_tenant=per_tenant)
+    drafter.reserve("first", [1], tenant=writer)
+    await drafter.propose([1, 2, 3, 4, 5, 6, 7], plan(request_id="first"))
+    drafter.release("first")
+    drafter.reserve("second", [8], tenant=reader)
+    assert (await drafter.propose([8, 2, 3], plan(request_id="second"))).tokens == expected
+    drafter.release("second")
+
+
+def test_scopes_share_one_bound_and_the_least_recently_used_scope_gives_way() -> None:
+    history = ScopedHistory(max_tokens=10)
+    history.add("a", [1, 2, 3, 4])
+    history.add("a", [5, 6, 7])
+    history.add("b", [8, 9, 10, 11])
+    assert history.tokens == 7 + 4 - 4  # a's oldest output went to make room for b's
+    assert history.get("a").corpus().tolist() == [5, 6, 7, -1]
+    history.add("b", [12] * 10)  # alone within the bound: every other scope gives way, and b's older output
+    assert history.get("a") is None and history.tokens == 10
+    assert history.get("b").corpus().tolist() == [12] * 10 + [-1]
 
 
 async def test_the_policy_trims_lookup_paths_and_a_hybrid_falls_back_to_its_model() -> None:

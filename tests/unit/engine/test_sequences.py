@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from proxy.engine.sequences import MIN_COPIED_TOKENS, Lease, SequenceLeases, SequencePool
+from proxy.engine.sequences import MIN_COPIED_TOKENS, RETRY_AFTER_S, Lease, SequenceLeases, SequencePool
+from proxy.errors import OverloadedError
 
 LONG = list(range(100, 100 + MIN_COPIED_TOKENS))
 
@@ -72,3 +73,34 @@ async def test_a_cancelled_waiter_does_not_swallow_a_release() -> None:
     await asyncio.sleep(0.01)
     pool.release(seq)
     assert (await asyncio.wait_for(later, 1.0)).seq == seq
+
+
+async def test_a_waiter_cancelled_after_its_wake_up_passes_the_release_on() -> None:
+    pool = SequencePool(leases([]))
+    seq = (await pool.acquire([1])).seq
+    woken, next_in_line = asyncio.create_task(pool.acquire([2])), asyncio.create_task(pool.acquire([3]))
+    await asyncio.sleep(0.01)
+    pool.release(seq)  # wakes `woken`, which leaves before it runs again
+    woken.cancel()
+    assert (await asyncio.wait_for(next_in_line, 1.0)).seq == seq
+    assert woken.cancelled()
+
+
+@pytest.mark.parametrize(("max_waiting", "admitted"), [(0, 0), (1, 1), (3, 3), (None, 5)])
+async def test_a_full_queue_refuses_at_once_with_retry_after(max_waiting: int | None, admitted: int) -> None:
+    pool = SequencePool(leases([]), max_waiting=max_waiting)
+    seq = (await pool.acquire([1])).seq
+    waiting = [asyncio.create_task(pool.acquire([2])) for _ in range(5)]
+    await asyncio.sleep(0.01)
+    refused = [task for task in waiting if task.done()]
+    assert pool.waiting == admitted and len(refused) == 5 - admitted
+    for task in refused:
+        with pytest.raises(OverloadedError, match="queue of .* waiting requests is full") as caught:
+            task.result()
+        assert caught.value.status == 503 and caught.value.headers() == {"Retry-After": str(RETRY_AFTER_S)}
+    pool.release(seq)
+    if admitted:  # the first in line gets the sequence
+        assert (await asyncio.wait_for(waiting[0], 1.0)).seq == seq
+        assert pool.waiting == admitted - 1
+    for task in waiting:
+        task.cancel()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from proxy.sampling.processors import SamplerOrder, SamplingParams, one_hot, processed_probs
-from proxy.sampling.rejection import RoundResult, acceptance_probs, residual_probs, sample, verify
+from proxy.sampling.rejection import KnownSupport, RoundResult, acceptance_probs, residual_probs, sample, verify
 from tests.unit.sampling.test_processors import ALL_ORDERS, LLAMA, QWEN_VOCAB
 
 IDENTITY_TOLERANCE = 1e-12
@@ -156,6 +156,29 @@ def test_round_result_emitted_and_bonus() -> None:
         (lambda: one_hot([5], 5), r"token ids must be in \[0, 5\)"),
         (lambda: sample(np.zeros(3), RNG), "no probability mass"),
         (lambda: processed_probs(np.full(3, -np.inf), SamplingParams(), LLAMA), "finite"),
+        # NaN compares false: u >= NaN would accept the draft token without the guard.
+        (lambda: verify([1], np.full((1, 3), 1 / 3), np.array([[0.2, np.nan, 0.8], [1.0, 0.0, 0.0]]), RNG),
+         "must be finite"),
+        (lambda: verify([1], np.array([[0.0, np.nan, 0.0]]), np.full((2, 3), 1 / 3), RNG), "must be finite"),
+        (lambda: verify([1], np.full((1, 3), 1 / 3), np.array([[0.5, np.inf, 0.5], [1.0, 0.0, 0.0]]), RNG),
+         "must be finite"),
+        (lambda: verify([1], np.full((1, 3), 1 / 3), np.array([[0.5, -0.5, 1.0], [1.0, 0.0, 0.0]]), RNG),
+         "must not be negative"),
+        (lambda: verify([-1], np.full((1, 3), 1 / 3), np.full((2, 3), 1 / 3), RNG), r"draft_tokens must lie in 0\.\.2"),
+        (lambda: verify([3], np.full((1, 3), 1 / 3), np.full((2, 3), 1 / 3), RNG), r"draft_tokens must lie in 0\.\.2"),
+        (lambda: sample(np.array([0.5, np.nan, 0.5]), RNG), "non-finite"),
+        (lambda: sample(np.array([0.5, -0.1, 0.6]), RNG), "negative"),
+        # A one-element row would be broadcast over every id of its position.
+        (lambda: KnownSupport.from_rows([np.array([4, 5]), np.array([])], [np.array([0.9]), np.array([])],
+                                        [np.array([0.5, 0.5])], np.zeros(2), np.full(2, -1)),
+         r"position 0: 2 ids but rows of \[1, 2\] probabilities"),
+        (lambda: KnownSupport.from_rows([np.array([4, 5]), np.array([])], [np.array([0.5, 0.5]), np.array([])],
+                                        [np.array([1.0])], np.zeros(2), np.full(2, -1)),
+         r"position 0: 2 ids but rows of \[1, 2\] probabilities"),
+        (lambda: KnownSupport.from_rows([np.array([4]), np.array([])], [np.array([1.0])], [np.array([1.0])],
+                                        np.zeros(2), np.full(2, -1)), "2 id rows need as many target rows"),
+        (lambda: KnownSupport.from_rows([np.array([4]), np.array([])], [np.array([1.0]), np.array([])],
+                                        [np.array([1.0])], np.zeros(1), np.full(2, -1)), "outside masses"),
     ],
 )
 def test_bad_inputs_raise(call: Callable[[], object], message: str) -> None:

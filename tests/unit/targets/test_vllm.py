@@ -74,7 +74,7 @@ async def test_probe_reads_version_model_context_and_the_logprobs_cap() -> None:
 async def test_chat_prompt_ids_use_the_servers_template() -> None:
     messages = ENDPOINTS["POST /tokenize chat"]["request"]["messages"]
     async with fake_vllm() as (target, seen):
-        ids, context = await target.prompt_ids({"model": "x", "messages": messages}, CHAT)
+        ids, context = await target.prompt_ids({"model": "smollm2-135m", "messages": messages}, CHAT)
     assert (ids, context) == (ENDPOINTS["POST /tokenize chat"]["body"]["tokens"], 8192)
     assert seen[-1] == ("POST /tokenize", ENDPOINTS["POST /tokenize chat"]["request"])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import numpy as np
@@ -52,7 +53,7 @@ def lp(logprob: float, rank: int) -> dict[str, Any]:
     # ties go to the lower id, whatever order the dict has
     ({"7042": lp(-0.7, 1), "9": lp(-0.7, 1)}, [9, 7042], [-0.7, -0.7], -0.7),
     # the draft token tied with the second but not chosen by top-k: the third entry is the extra one
-    ({"7042": lp(-1.0, 2), "5": lp(-0.1, 1), "6": lp(-1.0, 2)}, [5, 6], [-0.1, -1.0], -1.0),
+    ({"7042": lp(-2.0, 2), "5": lp(-0.5, 1), "6": lp(-2.0, 2)}, [5, 6], [-0.5, -2.0], -2.0),
     # vLLM's -9999.0 is -inf
     ({"7042": lp(-9999.0, 49152), "5": lp(0.0, 1), "6": lp(-9999.0, 2)}, [5, 6], [0.0, -np.inf], -np.inf),
 ])
@@ -67,7 +68,7 @@ def test_top_list_rules(entry: dict, top_ids: list[int], top_logprobs: list[floa
 def test_bonus_drops_the_sampled_token_when_it_is_an_extra() -> None:
     response = answer()
     response["choices"][0]["token_ids"] = [77]
-    response["choices"][0]["logprobs"]["top_logprobs"] = [{"token_id:77": -3.0, "token_id:1": -0.1, "token_id:2": -0.2}]
+    response["choices"][0]["logprobs"]["top_logprobs"] = [{"token_id:77": -3.0, "token_id:1": -0.9, "token_id:2": -1.0}]
     bonus = parse(response).positions[-1]
     assert (bonus.token_id, bonus.token_logprob, bonus.top_ids.tolist()) == (None, None, [1, 2])
 
@@ -82,11 +83,11 @@ def broken(mutate) -> dict[str, Any]:
     ({}, "malformed verification answer (KeyError)"),
     ({"choices": []}, "malformed verification answer (IndexError)"),
     (broken(lambda r: r["choices"][0].update(prompt_logprobs=None)), "malformed verification answer (TypeError)"),
-    (broken(lambda r: r["choices"][0]["prompt_logprobs"].pop()), "malformed verification answer (ValueError)"),
+    (broken(lambda r: r["choices"][0]["prompt_logprobs"].pop()), "scores 7 prompt positions for a prompt of 8"),
     (broken(lambda r: r["choices"][0]["prompt_logprobs"][6].pop("28")), "did not score the draft token"),
     (broken(lambda r: r["choices"][0]["prompt_logprobs"][5].update({"7042": {"rank": 1}})), "(KeyError)"),
     (broken(lambda r: r["choices"][0]["logprobs"].update(top_logprobs=[{" and": -1.0}])), "(ValueError)"),
-    (broken(lambda r: r["choices"][0]["logprobs"].update(top_logprobs=[{}])), "no top logprobs"),
+    (broken(lambda r: r["choices"][0]["logprobs"].update(top_logprobs=[{}])), "0 log-probs where the top 2"),
     (broken(lambda r: r["choices"][0].pop("token_ids")), "(KeyError)"),
     (broken(lambda r: r["choices"][0].update(logprobs=None)), "(TypeError)"),
     (broken(lambda r: r.update(usage="?")), "(AttributeError)"),
@@ -108,12 +109,18 @@ def test_max_logprobs_from_the_error(message: str, cap: int | None) -> None:
 @given(st.data(), st.integers(1, 20))
 def test_any_entry_gives_the_top_n_best_first(data: st.DataObject, top_n: int) -> None:
     ids = data.draw(st.lists(st.integers(0, 49151), min_size=top_n + 1, max_size=top_n + 1, unique=True))
-    logprobs = data.draw(st.lists(st.floats(-30, 0), min_size=top_n + 1, max_size=top_n + 1))
+    # A distribution's: top_n + 1 of these never hold more than all the mass.
+    logprobs = data.draw(st.lists(st.floats(-30, -math.log(top_n + 1)), min_size=top_n + 1, max_size=top_n + 1))
     ranked = sorted(zip(ids, logprobs, strict=True), key=lambda pair: (-pair[1], pair[0]))
     top, rest = ranked[:top_n], ranked[top_n:]
     draft = data.draw(st.sampled_from([pair[0] for pair in ranked]))
     shown = top + [pair for pair in rest if pair[0] == draft]  # vLLM: the top-N plus the standing token
-    response = with_entry(answer(), 5, {str(i): lp(v, 0) for i, v in data.draw(st.permutations(shown))})
-    first = parse(response, [draft, *VERIFY["draft_tokens"][1:]], top_n).positions[0]
+    response = answer()  # one draft, and a bonus position as wide as top_n
+    choice = response["choices"][0]
+    choice["prompt_logprobs"] = [*choice["prompt_logprobs"][:5],
+                                 {str(i): lp(v, 0) for i, v in data.draw(st.permutations(shown))}]
+    choice["token_ids"] = [top[0][0]]
+    choice["logprobs"]["top_logprobs"] = [{f"token_id:{i}": v for i, v in top}]
+    first = parse(response, [draft], top_n).positions[0]
     assert first.top_ids.tolist() == [i for i, _ in top]
     assert first.token_logprob == dict(ranked)[draft]

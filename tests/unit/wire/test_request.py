@@ -94,6 +94,12 @@ BAD = [
     ("prompt batch of two strings", COMPLETION, completion(prompt=["a", "b"]), "'prompt'", "prompt"),
     ("prompt batch of one empty list", COMPLETION, completion(prompt=[[]]), "'prompt'", "prompt"),
     ("prompt batch of one bad list", COMPLETION, completion(prompt=[[1, "x"]]), "'prompt'", "prompt"),
+    ("prediction a string", CHAT, chat(prediction="x"), "'prediction'", "prediction"),
+    ("prediction content a number", CHAT, chat(prediction={"type": "content", "content": 5}), "'prediction.content'",
+     "prediction"),
+    ("prediction content an image part", CHAT,
+     chat(prediction={"type": "content", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}),
+     "'prediction.content'", "prediction"),
 ]
 
 
@@ -156,6 +162,17 @@ GOOD = [
                                                                                          "text": "hi"}]},
                                                             {"role": "assistant", "content": None}]), {}),
     ("extra unknown fields are kept in the body", CHAT, chat(user="u-1"), {"unsupported": ()}),
+    ("no prediction", CHAT, chat(), {"prediction": None}),
+    ("prediction content", CHAT, chat(prediction={"type": "content", "content": "def f():\n"}),
+     {"prediction": "def f():\n", "unsupported": ()}),
+    ("prediction text parts joined", CHAT, chat(prediction={"type": "content", "content": [
+        {"type": "text", "text": "a = 1\n"}, {"type": "text", "text": "b = 2\n"}]}), {"prediction": "a = 1\nb = 2\n"}),
+    ("prediction on completions", COMPLETION, completion(prediction={"type": "content", "content": "x"}),
+     {"prediction": "x", "unsupported": ()}),
+    ("prediction of another type is the upstream's", CHAT, chat(prediction={"type": "diff", "content": "x"}),
+     {"prediction": None, "unsupported": ("prediction",)}),
+    ("prediction without a type is the upstream's", CHAT, chat(prediction={"content": "x"}),
+     {"prediction": None, "unsupported": ("prediction",)}),
 ]
 
 
@@ -175,7 +192,6 @@ UNSUPPORTED = [
     ("empty logit_bias is neutral", {"logit_bias": {}}, ()),
     ("null logit_bias is neutral", {"logit_bias": None}, ()),
     ("logprobs", {"logprobs": True}, ("logprobs",)),
-    ("logprobs false is neutral", {"logprobs": False}, ()),
     ("top_logprobs", {"logprobs": True, "top_logprobs": 3}, ("logprobs", "top_logprobs")),
     ("tools", {"tools": [{"type": "function", "function": {"name": "f"}}]}, ("tools",)),
     ("empty tools are neutral", {"tools": []}, ()),

@@ -1,0 +1,191 @@
+"""Predicted Outputs: the output the client expects (`prediction`) as a draft source of its own.
+
+An editing client sends the text it expects back, usually the file it asked to change. The draft
+continues the prediction from where the output stands:
+- while the output copies the prediction, from the token after the copy;
+- once the output departs from it (a changed, inserted or deleted stretch), from where the
+  output's latest tokens match the prediction again (suffix lookup's `match_lengths`): the
+  longest match close ahead of where the copy stopped, or a long one anywhere (a deleted block).
+  Until then the draft waits at the stop: when a line inserted into the prediction ends, the
+  tokens before the stop match again, and the copy goes on.
+A short replacement between two stretches of copy (a renamed variable) is a change that repeats:
+it is made to the rest of the prediction too (`proxy.drafting.edits`), so the next occurrence
+is drafted as the output will write it.
+Each token of a path comes with the estimated probability that the copy goes on that far: the
+rule of succession over the output's copied tokens and departures (a Beta prior that trusts the
+client's claim, PRIOR_COPIED to PRIOR_DEPARTURES), times the trust in a fresh re-alignment (by
+how many tokens matched). A path ends below MIN_ESTIMATE, so long copies earn long drafts; the
+request's policy then trims it by the costs, as for lookup paths. The draft is deterministic:
+one-hot, verified exactly as any lookup path is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from proxy.drafting.base import Draft, Drafter, DraftPlan
+from proxy.drafting.edits import MAX_INSERTED, MAX_REMOVED, MIN_ANCHOR, Edit, replay
+from proxy.drafting.suffix import MAX_MATCH, Continuation, match_lengths
+from proxy.engine.prefix import common_prefix_length
+from proxy.sampling.processors import one_hot
+
+PREDICTION = "prediction"  # the drafts' source, in round events and the response's figures
+PRIOR_COPIED, PRIOR_DEPARTURES = 16, 1  # the client's claim: copies run this long between departures, a priori
+MIN_ESTIMATE = 0.5  # a path ends where the copy is likelier to have stopped than to go on
+FAR_MATCH = 4  # tokens a match far from the stop needs to count (a deleted block, a moved line)
+NEAR_SLACK = 8  # prediction tokens past the stop (beyond those written since) where a short match counts
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """Where an output stands in the prediction, and what its copying so far says about the rest."""
+
+    prediction: np.ndarray = field(compare=False, repr=False)  # [n] its tokens, with the output's changes made
+    anchor: int = 0  # the prediction position the output's next token copies (when synced)
+    written: int = 0  # output tokens followed
+    synced: bool = True  # the output is copying from the anchor (False: departed, waiting to match again)
+    trust: float = 1.0  # the probability that the anchor is right: 1 once a copied token confirmed it
+    match: int = 0  # tokens of the output's tail that equal the prediction's before the anchor
+    copied: int = 0  # output tokens that continued a copy
+    departures: int = 0  # times the output left a copy
+    stopped: int = 0  # output tokens written when the copy last stopped
+    stop_match: int = 0  # how long that copy had run
+    change: Edit | None = None  # the replacement between that copy and this one, made once this one is long enough
+
+    def follow(self, output: Sequence[int]) -> Alignment:
+        """The alignment after the output's tokens since this one (output extends what this one followed)."""
+        new = output[self.written:]
+        if not len(new):
+            return self
+        state = self
+        if self.synced:
+            same = common_prefix_length(new, self.prediction[self.anchor:self.anchor + len(new)].tolist())
+            state = replace(self, anchor=self.anchor + same, written=self.written + same, copied=self.copied + same,
+                            match=self.match + same, trust=1.0 if same else self.trust)
+            if same == len(new):
+                return state._settled()
+            state = replace(state, synced=False, match=0, departures=state.departures + 1, stopped=state.written,
+                            stop_match=state.match, change=None)
+        return state._realigned(output)
+
+    def _realigned(self, output: Sequence[int]) -> Alignment:
+        """Synced again where the output's tail matches the prediction near the stop, or matches it long; else
+        still waiting at the stop."""
+        ends, lengths = match_lengths(self.prediction, np.asarray(output[-MAX_MATCH:], dtype=np.int64), MAX_MATCH)
+        starts = ends + 1  # where each match's copy would go on
+        since = len(output) - self.stopped
+        near = (starts >= self.anchor) & (starts <= self.anchor + since + NEAR_SLACK)
+        eligible = np.flatnonzero(near | (lengths >= FAR_MATCH))
+        if not eligible.size:
+            return replace(self, written=len(output))
+        # The longest match; among equals, one near the stop, then the closest to it.
+        best = eligible[np.lexsort((np.abs(starts[eligible] - self.anchor), ~near[eligible], -lengths[eligible]))[0]]
+        anchor, match = int(starts[best]), int(lengths[best])
+        # A match that ends right at the stop is the end of an inserted stretch: one token more of trust.
+        trust = 1.0 - 0.5 ** (match + (anchor == self.anchor))
+        return replace(self, anchor=anchor, written=len(output), synced=True, match=match, trust=trust,
+                       change=self._change(output, anchor, match))._settled()
+
+    def _change(self, output: Sequence[int], anchor: int, match: int) -> Edit | None:
+        """The replacement the output made between the copy that stopped and the one matched again (short, after
+        a copy of MIN_ANCHOR tokens), or None."""
+        removed = tuple(self.prediction[self.anchor:anchor - match].tolist())
+        inserted = tuple(output[self.stopped:len(output) - match])
+        if (self.stop_match >= MIN_ANCHOR and 0 < len(removed) <= MAX_REMOVED and 0 < len(inserted) <= MAX_INSERTED
+                and len(output) - match >= self.stopped):
+            return Edit(removed, inserted)
+        return None
+
+    def _settled(self) -> Alignment:
+        """The replacement made in the rest of the prediction too, once the copy after it ran MIN_ANCHOR tokens: a
+        change between two copied stretches (a renamed variable) repeats."""
+        if self.change is None or self.match < MIN_ANCHOR:
+            return self
+        rest, _ = replay(self.prediction[self.anchor:].tolist(), [self.change])
+        changed = np.concatenate([self.prediction[:self.anchor], np.asarray(rest, dtype=np.int64)])
+        return replace(self, prediction=changed, change=None)
+
+    def path(self, limit: int) -> Continuation:
+        """Up to limit tokens of the prediction from the anchor, each with the probability the copy goes on to it."""
+        if not self.synced or limit <= 0:
+            return Continuation((), ())
+        copied, departed = self.copied + PRIOR_COPIED, self.departures + PRIOR_DEPARTURES
+        tokens, estimates, running = self.prediction[self.anchor:self.anchor + limit].tolist(), [], self.trust
+        for position in range(len(tokens)):
+            running *= (copied + position) / (copied + departed + position)  # Beta-Binomial: one more copied token
+            if running < MIN_ESTIMATE:
+                break
+            estimates.append(running)
+        return Continuation(tuple(tokens[:len(estimates)]), tuple(estimates), self.match, self.anchor)
+
+
+class PredictionDrafter:
+    """One request's prediction before the route's drafter: the prediction's path when one is worth verifying,
+    the route's drafter otherwise. Sequences and reading stay the route drafter's."""
+
+    def __init__(self, drafter: Drafter, prediction: Sequence[int], prompt_length: int) -> None:
+        self._drafter = drafter
+        self.vocabulary = drafter.vocabulary
+        self.looks_up = True  # a prediction path costs what a lookup path does: the request decides round by round
+        self._prompt_length = prompt_length
+        self._followed: list[int] = []  # the output the latest alignment followed
+        # (output length, alignment) along it: a draft-ahead proposes after drafts the target may then reject,
+        # and the next round goes on from the alignment of the output it shares
+        self._alignments: list[tuple[int, Alignment]] = [(0, Alignment(np.asarray(prediction, dtype=np.int64)))]
+
+    def alignment(self, output: Sequence[int]) -> Alignment:
+        """Where this output stands in the prediction."""
+        output = list(output)
+        shared = common_prefix_length(self._followed, output)
+        while self._alignments[-1][0] > shared:
+            self._alignments.pop()
+        aligned = self._alignments[-1][1].follow(output)
+        if len(output) > self._alignments[-1][0]:
+            self._alignments.append((len(output), aligned))
+        self._followed = output
+        return aligned
+
+    async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
+        """The prediction's path after context (trimmed to what is worth verifying), else the route drafter's."""
+        path = self.alignment(context[self._prompt_length:]).path(plan.lookup_k or plan.k)
+        declined: tuple[int, ...] = ()
+        if path.tokens:
+            length = plan.worth(path.probs) if plan.worth is not None else len(path.tokens)
+            if length > 0:
+                tokens = path.tokens[:length]
+                return Draft(tokens, one_hot(tokens, self.vocabulary.n_vocab), PREDICTION)
+            declined = path.tokens
+        if plan.k == 0 and not self._drafter.looks_up:
+            return Draft((), one_hot((), self.vocabulary.n_vocab), PREDICTION, declined=declined)
+        found = await self._drafter.propose(context, plan)
+        return found if found.declined or not declined else replace(found, declined=declined)
+
+    def reserve(self, request_id: str, context: Sequence[int], *, tenant: str = "") -> bool:
+        """The route drafter's."""
+        return self._drafter.reserve(request_id, context, tenant=tenant)
+
+    def release(self, request_id: str) -> None:
+        """The route drafter's."""
+        self._drafter.release(request_id)
+
+    def occupancy(self) -> tuple[int, int] | None:
+        """The route drafter's."""
+        return self._drafter.occupancy()
+
+    def prefill(self, request_id: str, context: Sequence[int]) -> Awaitable[None] | None:
+        """The route drafter reads the context (its model, if any)."""
+        return self._drafter.prefill(request_id, context)
+
+    def read(self, request_id: str, context: Sequence[int], tokens: Sequence[int]) -> Awaitable[list[int]] | None:
+        """The route drafter reads the tokens (its model, if any)."""
+        return self._drafter.read(request_id, context, tokens)
+
+    def fits(self, n_tokens: int) -> bool:
+        """The route drafter's context limit (for its model's drafts; the prediction has none)."""
+        return self._drafter.fits(n_tokens)
+
+    def close(self) -> None:
+        """Nothing: the route's drafter outlives the request."""

@@ -1,0 +1,82 @@
+"""A route's start-up calibration: the target's plain steps and verifications and the draft model's steps, timed.
+
+A fresh route that learns its costs from requests makes its first requests pay for the lesson (on
+shared CPU cores a model round can cost many plain steps). Timed before any request, the same
+calls a request makes give the route's first decisions this hardware's costs; acceptance is left
+for requests to measure (it depends on the workload, not the hardware). The calibration text
+shares no prefix with a chat prompt, so neither cache keeps a head start for a request, and it goes
+through no request's bookkeeping: nothing joins the route's output history.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from proxy.config.schema import Route
+from proxy.control.costs import Calibration
+from proxy.drafting.base import Draft, Drafter, DraftPlan
+from proxy.sampling.processors import SamplingParams, one_hot
+from proxy.targets.base import ScorePlan, Target
+
+# Plain code, as the shipped workloads' prompts are; about 32 tokens in Qwen's vocabulary (its
+# prefill is not timed: shorter is sooner).
+CALIBRATION_TEXT = (
+    "def merge_intervals(intervals):\n"
+    "    merged = []\n"
+    "    for start, end in sorted(intervals):\n"
+    "        if merged and start <= merged[-1][1]:\n"
+)
+PLAIN_TOKENS = 8  # one timed plain chunk, as long as a request's
+CALIBRATION_ID = "speculoos-calibration"  # the draft sequence's lease, released at the end
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def verification_sizes(route: Route, *, looks_up: bool) -> tuple[int, ...]:
+    """The K whose verification is timed: 1, the configured k, the controller's k_max, and the longest lookup path."""
+    sizes = {1, route.speculation.k, route.fallback.k_max}
+    if looks_up and route.draft is not None:
+        sizes.add(route.draft.k_max)
+    return tuple(sorted(sizes))
+
+
+async def calibrate(route: Route, target: Target, drafter: Drafter) -> Calibration:
+    """Time a plain chunk, verifications at each size, and the draft model's steps, after the calibration text."""
+    context = drafter.vocabulary.tokenize(CALIBRATION_TEXT, add_special=False)
+    context += await target.generate(context, 1, GREEDY, 0)  # the prefill: not timed
+    started = time.perf_counter()
+    plain = await target.generate(context, PLAIN_TOKENS, GREEDY, 0)
+    plain_seconds = (time.perf_counter() - started) / len(plain) if plain else None
+    context += plain
+    top_n = route.speculation.top_logprobs
+    verify: list[tuple[int, float]] = []
+    for k in verification_sizes(route, looks_up=drafter.looks_up):
+        tokens = tuple(context[i % len(context)] for i in range(k))  # what is verified does not change its cost
+        draft = Draft(tokens, one_hot(tokens, drafter.vocabulary.n_vocab))
+        started = time.perf_counter()  # once: a first call at a new size was measured to cost what later ones do
+        await target.score(list(context), draft, ScorePlan(GREEDY, top_n, 0))
+        verify.append((k, time.perf_counter() - started))
+    drafting = await _draft_seconds_per_token(drafter, context, route.speculation.k, target, top_n)
+    return Calibration(len(context), plain_seconds, tuple(verify), drafting)
+
+
+async def _draft_seconds_per_token(drafter: Drafter, context: Sequence[int], k: int, target: Target,
+                                   top_n: int) -> float | None:
+    """The draft model's time per drafted token (None: the route drafts by lookup only, or no sequence was free)."""
+    if not drafter.fits(len(context) + k) or not drafter.reserve(CALIBRATION_ID, context):
+        return None
+    # No lookup path is worth verifying here, so a hybrid drafts with its model.
+    plan = DraftPlan(k, GREEDY, target.order, top_n, np.random.default_rng(0), CALIBRATION_ID, k,
+                     worth=lambda _: 0)
+    try:
+        timed = None
+        for _ in range(2):  # the first reads the context (its reading is left out, not its first steps' warm-up)
+            draft = await drafter.propose(context, plan)
+            if draft.source != "model" or draft.seconds_per_token is None:
+                return None
+            timed = draft.seconds_per_token
+        return timed
+    finally:
+        drafter.release(CALIBRATION_ID)

@@ -1,0 +1,114 @@
+"""The prediction draft: following the output through the prediction (copies, changes, inserted and deleted lines,
+a wrong prediction), path lengths, and the drafter around the route's own."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from proxy.drafting.prediction import PREDICTION, PredictionDrafter
+from tests.fakes.drafter import ScriptedDrafter
+from tests.unit.drafting.plans import plan
+
+NL = 9  # the newline token: every line ends with it
+
+
+def line(n: int) -> list[int]:
+    """Line n of a prediction: four tokens of its own, then the newline."""
+    return [100 + 10 * n + j for j in range(4)] + [NL]
+
+
+def lines(*numbers: int) -> list[int]:
+    return [token for n in numbers for token in line(n)]
+
+
+PREDICTION_IDS = lines(0, 1, 2, 3, 4, 5)
+INSERTED = [500, 501, 502, NL]
+CHANGED = [100 + 10 * 2, 777, *line(2)[2:]]  # line 2 with its second token replaced
+
+
+class WideVocabulary:
+    """Room for the test's token ids."""
+
+    n_vocab = 2048
+
+
+def route_drafter(script=lambda context, k: []) -> ScriptedDrafter:
+    """The route's own drafter behind the prediction: scripted, of the wide vocabulary."""
+    drafter = ScriptedDrafter(script)
+    drafter.vocabulary = WideVocabulary()  # type: ignore[assignment]
+    return drafter
+
+
+def path_after(output: Sequence[int], prediction: Sequence[int] = PREDICTION_IDS, limit: int = 32) -> tuple[int, ...]:
+    """The prediction's path once the output so far was followed token by token, as rounds of one token would."""
+    drafter = PredictionDrafter(route_drafter(), prediction, prompt_length=0)
+    for end in range(len(output) + 1):
+        found = drafter.alignment(output[:end]).path(limit)
+    return found.tokens
+
+
+@pytest.mark.parametrize(("output", "starts_with"), [
+    ([], line(0)),  # nothing written: the prediction from its start
+    (lines(0, 1), line(2)),  # a copy goes on after itself
+    (lines(0, 1) + line(2)[:2], line(2)[2:] + line(3)),  # ... mid-line too
+    (lines(0, 1) + INSERTED + line(2)[:1], line(2)[1:] + line(3)),  # a line inserted: the copy goes on after it
+    (lines(0, 1, 3)[:-3], line(3)[2:] + line(4)),  # a line deleted: found again ahead
+    (lines(0, 1) + CHANGED, line(3)),  # a token changed: found again right after it
+    (lines(0, 1) + CHANGED[:2] + line(2)[2:4], [NL] + line(3)),  # ... by the next tokens already
+    (lines(0, 1, 2, 3, 4, 5), ()),  # the prediction is used up
+])
+def test_the_path_continues_the_prediction_from_where_the_output_stands(output: list[int],
+                                                                          starts_with: list[int]) -> None:
+    found = path_after(output)
+    assert found[:len(starts_with)] == tuple(starts_with), found
+
+
+def test_while_a_line_is_inserted_the_prediction_waits() -> None:
+    assert path_after(lines(0, 1) + INSERTED[:2]) == ()
+
+
+def test_a_wrong_prediction_drafts_nothing_once_the_output_left_it() -> None:
+    output = [900 + n for n in range(12)]
+    assert path_after(output[:1], [7, 8]) == () and path_after(output) == ()
+
+
+def test_a_change_that_repeats_is_drafted_as_the_output_makes_it() -> None:
+    """Token 7 in every line renamed to 70, 71: once the output renamed it in line 0, the path renames it."""
+    prediction = [t for n in range(4) for t in (100 + 10 * n, 101 + 10 * n, 7, 103 + 10 * n, 104 + 10 * n, NL)]
+    output = [t for n in range(4) for t in (100 + 10 * n, 101 + 10 * n, 70, 71, 103 + 10 * n, 104 + 10 * n, NL)]
+    assert path_after(output[:7], prediction)[:7] == tuple(output[7:14])  # the next line, renamed
+
+
+def test_long_copies_earn_long_drafts() -> None:
+    prediction = list(range(1000, 1200))
+    lengths = [len(path_after(prediction[:written], prediction)) for written in (0, 20, 60, 150)]
+    assert lengths == sorted(lengths) and lengths[0] < lengths[-1]
+    assert len(path_after(prediction[:150], prediction, limit=8)) == 8  # never past the round's limit
+
+
+def test_a_draft_ahead_that_missed_leaves_no_trace() -> None:
+    """The loop may align a longer output (a branch drafted ahead) and then a shorter, different one."""
+    drafter = PredictionDrafter(route_drafter(), PREDICTION_IDS, prompt_length=0)
+    fresh = PredictionDrafter(route_drafter(), PREDICTION_IDS, prompt_length=0)
+    drafter.alignment(lines(0))
+    drafter.alignment(lines(0) + [555, 556, 557, NL])  # the branch: a departure
+    taken = lines(0) + line(1)[:2]
+    fresh.alignment(lines(0))
+    assert drafter.alignment(taken) == fresh.alignment(taken)
+
+
+async def test_the_drafter_proposes_the_prediction_first_then_the_route_drafter() -> None:
+    inner = route_drafter(lambda context, k: [42] * k)
+    prompt = [1, 2, 3]
+    drafter = PredictionDrafter(inner, PREDICTION_IDS, prompt_length=len(prompt))
+    first = await drafter.propose(prompt, plan(8))
+    assert (first.source, first.tokens) == (PREDICTION, tuple(PREDICTION_IDS[:8]))
+    assert first.probs.shape == (8, inner.vocabulary.n_vocab) and (first.probs.max(axis=1) == 1).all()  # one-hot
+    trimmed = await drafter.propose(prompt, plan(8, worth=lambda probs: 3))
+    assert trimmed.tokens == tuple(PREDICTION_IDS[:3])
+    declined = await drafter.propose(prompt, plan(8, worth=lambda probs: 0))
+    assert declined.tokens == (42,) * 8 and declined.declined == tuple(PREDICTION_IDS[:8])  # the route's draft
+    done = await drafter.propose(prompt + PREDICTION_IDS, plan(4))
+    assert done.tokens == (42,) * 4 and not inner.looks_up and drafter.looks_up

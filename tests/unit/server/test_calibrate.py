@@ -1,0 +1,98 @@
+"""A route's start-up calibration against the fake SGLang: the costs it seeds, and what it leaves untouched."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from proxy.config.load import parse_config
+from proxy.drafting.base import Draft, DraftPlan
+from proxy.server.app import open_resources
+from proxy.server.cli import check_report
+from proxy.server.cores import with_draft_threads
+from tests.fakes.drafter import ToyDrafter
+from tests.fakes.sglang import fake_sglang_app
+from tests.fakes.toy_model import ToyModel
+
+DRAFT_SECONDS = 0.003  # what the toy draft says each token took
+
+
+class TimedToyDrafter(ToyDrafter):
+    """The toy draft, timing its tokens as the llama.cpp drafter does."""
+
+    async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
+        return replace(await super().propose(context, plan), seconds_per_token=DRAFT_SECONDS)
+
+
+def timed_toy(options: Any) -> TimedToyDrafter:
+    """The draft loader: the timed toy draft, whatever file the route names."""
+    return TimedToyDrafter(ToyModel(seed=3))
+
+
+@pytest.fixture
+async def fake_url() -> AsyncIterator[str]:
+    server = TestServer(fake_sglang_app(ToyModel()))
+    await server.start_server()
+    yield str(server.make_url("")).rstrip("/")
+    await server.close()
+
+
+def config(url: str, tmp_path: Path, kind: str, **fallback: Any) -> Any:
+    (tmp_path / "toy.gguf").write_bytes(b"")
+    return parse_config({"routes": [{"name": "toy", "upstream": {"url": url},
+                                     "draft": {"model": str(tmp_path / "toy.gguf"), "kind": kind, "k_max": 32},
+                                     "speculation": {"k": 4}, "fallback": {"k_max": 8, **fallback}}]})
+
+
+@pytest.mark.parametrize(("kind", "sizes", "draft_seconds"), [
+    ("model", (1, 4, 8), DRAFT_SECONDS),  # 1, speculation.k and fallback.k_max
+    ("hybrid", (1, 4, 8, 32), DRAFT_SECONDS),  # ... and the longest lookup path
+    ("suffix", (1, 4, 8, 32), None),  # no model drafts
+])
+async def test_a_route_knows_its_costs_before_its_first_request(fake_url: str, tmp_path: Path, kind: str,
+                                                                sizes: tuple[int, ...], draft_seconds: float | None
+                                                                ) -> None:
+    resources = await open_resources(config(fake_url, tmp_path, kind), timed_toy)
+    try:
+        runtime = resources.runtimes["toy"]
+        calibration, costs = runtime.controller.calibration, runtime.controller.costs
+        assert calibration is not None
+        assert tuple(k for k, _ in calibration.verify_seconds) == sizes
+        assert calibration.draft_seconds_per_token == draft_seconds == costs.draft_per_token.value
+        assert costs.plain_rate == pytest.approx(1 / calibration.plain_seconds_per_token)
+        assert {k: costs.verify_time(k) for k in sizes} == dict(calibration.verify_seconds)
+        # Acceptance is the workload's, left for requests; the calibration's text joins no history.
+        assert costs.alpha.samples == 0 and costs.lookup_alpha.samples == 0 and not costs.recent
+        history = getattr(runtime.drafter, "history", None)
+        assert history is None or history.tokens == 0
+    finally:
+        await resources.close()
+
+
+async def test_calibration_can_be_turned_off(fake_url: str, tmp_path: Path) -> None:
+    resources = await open_resources(config(fake_url, tmp_path, "hybrid", calibrate=False),
+                                     timed_toy)
+    try:
+        controller = resources.runtimes["toy"].controller
+        assert controller.calibration is None and controller.costs.plain_rate is None
+        assert not controller.costs.verify_by_k
+    finally:
+        await resources.close()
+
+
+async def test_check_says_where_the_draft_shares_cores_and_what_it_timed(fake_url: str, tmp_path: Path) -> None:
+    resolved, drafts = with_draft_threads(config(fake_url, tmp_path, "hybrid"), 2)  # the fake is on loopback
+    lines, failures = await check_report(resolved, timed_toy, drafts)
+    found = dict(line.split("\t")[1:] for line in lines)
+    assert failures == 0
+    assert found["cores"].startswith("the draft model (") and "shares this machine's 2 cores" in found["cores"]
+    assert "they take turns, the draft computing with 2 threads" in found["cores"]
+    assert found["costs at start-up"].startswith("plain ") and "k=32" in found["costs at start-up"]
+    assert found["costs at start-up"].endswith(f"draft {DRAFT_SECONDS * 1000} ms a token")
+    # The fake answers in microseconds: a draft at 3 ms a token could never pay, and the route knows it already.
+    assert found["model draft"].startswith("even accepting every draft, speculation predicted")
