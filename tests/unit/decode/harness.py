@@ -6,6 +6,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+from scipy.stats import chisquare
+
 from proxy.control.policy import Decision, PinnedPolicy
 from proxy.decode.events import Event, Publisher, RoundEvent
 from proxy.decode.loop import speculative_tokens
@@ -113,3 +116,29 @@ def rounds(events: list[Event]) -> list[RoundEvent]:
     return [e for e in events if isinstance(e, RoundEvent)]
 
 
+class EmittedTokens:
+    """Tokens some rounds emitted, against the target's distribution at each: a chi-square over seeded requests."""
+
+    def __init__(self, served: Served, params: SamplingParams) -> None:
+        self.served, self.params = served, params
+        self.expected = np.zeros(served.model.vocab)
+        self.observed = np.zeros(served.model.vocab)
+
+    def add(self, batches: list[list[int]], events: list[Event], counted: Callable[[RoundEvent], bool]) -> None:
+        """Count the tokens of one request's rounds that `counted` picks."""
+        text = PROMPT + sum(batches, [])
+        for event in rounds(events):
+            if counted(event):
+                for offset, token in enumerate(event.emitted):
+                    self.expected += self.served.model.probs(text[: event.context + offset], self.params,
+                                                             self.served.target.order)
+                    self.observed[token] += 1
+
+    def pvalue(self) -> tuple[float, int]:
+        """The chi-square p-value (tokens expected fewer than 5 times pooled in one bin), and the tokens counted."""
+        bins = self.expected >= 5
+        counts, means = list(self.observed[bins]), list(self.expected[bins])
+        if self.expected[~bins].sum() > 0:
+            counts.append(self.observed[~bins].sum())
+            means.append(self.expected[~bins].sum())
+        return float(chisquare(counts, np.array(means) * sum(counts) / sum(means)).pvalue), int(self.observed.sum())

@@ -11,14 +11,13 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from scipy.stats import chisquare
 
 from proxy.decode import ahead
 from proxy.drafting.base import Draft, DraftPlan
 from proxy.sampling.processors import SamplingParams
 from tests.fakes.drafter import ScriptedDrafter, ToyDrafter
 from tests.fakes.toy_model import ToyModel
-from tests.unit.decode.harness import PROMPT, Served, follow, rounds, run
+from tests.unit.decode.harness import PROMPT, EmittedTokens, Served, follow, rounds, run
 
 GUESS = 1  # the drafter is asked for one token: its guess of the target's own next token
 
@@ -139,21 +138,11 @@ SIGNIFICANCE = 1e-3
 async def pre_drafted_pvalue(served: Served) -> tuple[float, int]:
     """The chi-square p-value of the tokens emitted by pre-drafted rounds over seeded requests, and their count."""
     drafter = near_draft(served.model)
-    expected, observed = np.zeros(served.model.vocab), np.zeros(served.model.vocab)
+    tokens = EmittedTokens(served, CHI_PARAMS)
     for seed in range(CHI_REQUESTS):
         batches, events = await run(served, drafter, CHI_TOKENS, k=1, params=CHI_PARAMS, seed=seed, pipeline=True)
-        text = PROMPT + sum(batches, [])
-        for event in rounds(events):
-            if event.drafted_ahead:
-                for offset, token in enumerate(event.emitted):
-                    expected += served.model.probs(text[: event.context + offset], CHI_PARAMS, served.target.order)
-                    observed[token] += 1
-    bins = expected >= 5
-    counts, means = list(observed[bins]), list(expected[bins])
-    if expected[~bins].sum() > 0:  # rarer tokens pooled
-        counts.append(observed[~bins].sum())
-        means.append(expected[~bins].sum())
-    return float(chisquare(counts, np.array(means) * sum(counts) / sum(means)).pvalue), int(observed.sum())
+        tokens.add(batches, events, lambda event: event.drafted_ahead)
+    return tokens.pvalue()
 
 
 @pytest.mark.parametrize("protocol", ["vllm"])

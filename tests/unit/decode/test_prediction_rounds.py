@@ -7,13 +7,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from scipy.stats import chisquare
 
 from proxy.drafting import prediction
 from proxy.drafting.prediction import PREDICTION, PredictionDrafter
 from proxy.sampling.processors import SamplingParams
 from tests.fakes.drafter import ScriptedDrafter
-from tests.unit.decode.harness import PROMPT, Served, rounds, run
+from tests.unit.decode.harness import PROMPT, EmittedTokens, Served, rounds, run
 
 NOTHING = ScriptedDrafter(lambda context, k: [])  # the route's own drafter finds nothing: prediction or plain
 
@@ -48,22 +47,12 @@ SIGNIFICANCE = 1e-3
 async def prediction_pvalue(served: Served) -> tuple[float, int]:
     """The chi-square p-value of the tokens emitted by prediction rounds over seeded requests, and their count."""
     guess = served.model.greedy(PROMPT, CHI_TOKENS)  # the likeliest path: often right, often not at T = 1
-    expected, observed = np.zeros(served.model.vocab), np.zeros(served.model.vocab)
+    tokens = EmittedTokens(served, CHI_PARAMS)
     for seed in range(CHI_REQUESTS):
         batches, events = await run(served, predicted(guess), CHI_TOKENS, k=4, params=CHI_PARAMS, seed=seed,
                                     lookup_k=8)
-        text = PROMPT + sum(batches, [])
-        for event in rounds(events):
-            if event.source == PREDICTION:
-                for offset, token in enumerate(event.emitted):
-                    expected += served.model.probs(text[: event.context + offset], CHI_PARAMS, served.target.order)
-                    observed[token] += 1
-    bins = expected >= 5
-    counts, means = list(observed[bins]), list(expected[bins])
-    if expected[~bins].sum() > 0:  # rarer tokens pooled
-        counts.append(observed[~bins].sum())
-        means.append(expected[~bins].sum())
-    return float(chisquare(counts, np.array(means) * sum(counts) / sum(means)).pvalue), int(observed.sum())
+        tokens.add(batches, events, lambda event: event.source == PREDICTION)
+    return tokens.pvalue()
 
 
 @pytest.mark.parametrize("protocol", ["vllm"])
