@@ -13,6 +13,7 @@ from proxy.errors import BadRequestError
 from proxy.targets.base import Target
 from proxy.targets.topn import bound_problem
 from proxy.wire.control import RequestControl
+from proxy.wire.logprobs import LOGPROB_FIELDS
 from proxy.wire.request import GenerationRequest
 
 
@@ -37,7 +38,8 @@ def passthrough_reason(route: RouteSnapshot, request: GenerationRequest, control
         return "client opted out"
     _check_prompt_ids(request, route.vocabulary_size)
     honoured_upstream = route.target.prompt_fields(request.kind)
-    if upstream_only := [name for name in request.unsupported if name not in honoured_upstream]:
+    answered = LOGPROB_FIELDS if request.logprobs is not None else frozenset()  # from the verification answers
+    if upstream_only := [name for name in request.unsupported if name not in honoured_upstream | answered]:
         return "parameters only the upstream can honour: " + ", ".join(upstream_only)
     if (prompt := route.target.prompt_problem(request)) is not None:
         return f"cannot tokenize: {prompt}"
@@ -47,6 +49,8 @@ def passthrough_reason(route: RouteSnapshot, request: GenerationRequest, control
         return f"cannot be exact: {problem}"
     if problem is not None and (bounded := bound_problem(params)) is not None:
         return f"cannot be bounded: {bounded}"
+    if request.logprobs is not None:
+        return route.target.logprobs_problem(params, request.logprobs, spec.top_logprobs)
     return None
 
 

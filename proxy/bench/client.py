@@ -6,12 +6,15 @@ Timings, all from the moment the request is sent:
            after the first (vLLM's benchmark calls it TPOT). Per-chunk gaps say little here: a
            speculative round sends several tokens in one chunk.
     rate   completion tokens ÷ (last byte − sent): end-to-end output tokens/s, prefill included.
+A call that streams nothing (the verifier's native /generate, whose cost by K the bench measures)
+is timed from sent to its whole JSON answer read.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,14 +64,15 @@ def _chunk_text(event: dict[str, Any]) -> str:
     return text
 
 
-async def stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any], timeout_s: float) -> Reply:
+async def stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any], timeout_s: float, *,
+                 headers: Mapping[str, str] | None = None) -> Reply:
     """POST `body` with stream=True and read the SSE stream to its end."""
     text, usage, extension, error, timings = "", None, None, None, None
     first = last = None
     started = time.perf_counter()
     timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S, sock_read=timeout_s)
     try:
-        async with session.post(url, json=body, timeout=timeout) as response:
+        async with session.post(url, json=body, headers=headers, timeout=timeout) as response:
             served_as = response.headers.get(MODE_HEADER)
             if response.status != 200:
                 detail = (await response.text())[:200]
@@ -111,3 +115,25 @@ async def get_json(session: aiohttp.ClientSession, url: str, what: str) -> Any:
             return await reply.json(content_type=None)
     except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
         raise BenchError(f"cannot reach {what} at {url}: {exc or type(exc).__name__}") from exc
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A JSON answer to a call that does not stream, and how long it took."""
+
+    document: Any
+    seconds: float
+
+
+async def call(session: aiohttp.ClientSession, url: str, body: dict[str, Any], timeout_s: float) -> Answer:
+    """POST `body` and read the whole JSON answer; BenchError unless it is HTTP 200."""
+    timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S, sock_read=timeout_s)
+    started = time.perf_counter()
+    try:
+        async with session.post(url, json=body, timeout=timeout) as response:
+            if response.status != 200:
+                raise BenchError(f"{url} answered HTTP {response.status}: {(await response.text())[:200]}")
+            document = await response.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
+        raise BenchError(f"request to {url} failed: {type(exc).__name__}: {exc}") from exc
+    return Answer(document, time.perf_counter() - started)

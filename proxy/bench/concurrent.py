@@ -3,7 +3,8 @@
 For each repetition and workload, prompts go out in bursts of N (cycling through the prompts when
 a workload has fewer), each burst to one path at a time: straight to the upstream, then through
 the proxy in every mode, the order rotated burst by burst so drift falls on every path alike.
-Aggregate tokens/s is a path's output tokens ÷ the wall time of its bursts.
+Aggregate tokens/s is a path's output tokens ÷ the wall time of its bursts. History scopes as in
+runner.py: one per workload, mode and repetition.
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from proxy.bench.client import stream
 from proxy.bench.report import number, pre_draft_cell
-from proxy.bench.runner import Endpoints, Job, Mode, request_for, sample_of, warm_up
+from proxy.bench.runner import Endpoints, Job, Mode, request_for, sample_of, scope_of, send, warm_up
 from proxy.bench.stats import DIRECT, Sample, Spread, draft_ahead, ratio, spread
 from proxy.bench.workloads import Workload
 
@@ -68,8 +68,9 @@ async def run(bursts: Sequence[list[Job]], modes: Sequence[Mode], endpoints: End
         for number, jobs in enumerate(bursts, 1):
             started = time.perf_counter()
             replies = await asyncio.gather(*(
-                stream(session, *request_for(endpoints, job.workload.prompts[job.prompt], by_name[job.target],
-                                             endpoints.max_tokens), endpoints.timeout_s) for job in jobs))
+                send(session, request_for(endpoints, job.workload.prompts[job.prompt], by_name[job.target],
+                                          endpoints.max_tokens, scope_of(job)), endpoints.timeout_s)
+                for job in jobs))
             burst = Burst(jobs[0].workload.name, jobs[0].target, time.perf_counter() - started,
                           tuple(sample_of(job, reply) for job, reply in zip(jobs, replies)))
             done.append(burst)

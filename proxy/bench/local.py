@@ -3,7 +3,7 @@
 Optionally each is pinned to its own CPU cores, and `speculoos relay` sits between them adding a
 round-trip delay: two devices (a laptop with the proxy and its draft, a server with the target)
 emulated on one machine. The relay keeps its port across restarts, so one stack can be measured
-at several RTTs without reloading the models.
+at several RTTs without reloading the models. A server that does not start is a BenchError naming its log.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from proxy.bench.client import BenchError
 
 START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 30.0
@@ -41,21 +43,42 @@ def pinned(cores: Collection[int] | None) -> Callable[[], None] | None:
     return lambda: os.sched_setaffinity(0, chosen)
 
 
-def _start(args: Sequence[str], log: Path, ready: str, cores: Collection[int] | None = None) -> subprocess.Popen:
+@contextmanager
+def client_on(cores: Collection[int] | None) -> Iterator[None]:
+    """This process on `cores` for a while (None: left as it is), as the client sits beside the proxy."""
+    if cores is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, set(cores))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def launch(command: Sequence[str], log: Path, ready: str, cores: Collection[int] | None = None) -> subprocess.Popen:
+    """Start a server process and wait until `ready` answers 200; BenchError naming its log when it does not."""
     # preexec_fn rather than pinning after the start: threads started before that would escape it.
-    process = subprocess.Popen([sys.executable, "-m", "proxy", *args], stdout=log.open("w"), stderr=subprocess.STDOUT,
+    process = subprocess.Popen(list(command), stdout=log.open("w"), stderr=subprocess.STDOUT,
                                preexec_fn=pinned(cores))
+    name = f"{Path(command[0]).name} {' '.join(command[1:4])}"
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"speculoos {args[0]} exited with {process.returncode}:\n{log.read_text()[-2000:]}")
+            raise BenchError(f"{name} exited with {process.returncode}: see {log}\n{log.read_text()[-1500:]}")
         try:
             urllib.request.urlopen(ready, timeout=2)
             return process
-        except OSError:
+        except OSError:  # refused, or 503 while the model loads
             time.sleep(0.5)
-    process.kill()
-    raise RuntimeError(f"speculoos {args[0]} did not answer {ready} within {START_TIMEOUT_S:g} s")
+    stop_process(process)
+    raise BenchError(f"{name} did not answer {ready} within {START_TIMEOUT_S:g} s: see {log}")
+
+
+def speculoos(*args: str) -> list[str]:
+    """The command line of a `speculoos` sub-command in a process of its own."""
+    return [sys.executable, "-m", "proxy", *args]
 
 
 def stop_process(process: subprocess.Popen) -> None:
@@ -87,9 +110,9 @@ class Relay:
     def start(self, rtt_ms: float) -> None:
         """(Re)start the relay at `rtt_ms`; ready once the verifier answers through it."""
         self.stop()
-        self._process = _start(["relay", "--listen", f"{HOST}:{self.port}", "--to", f"{HOST}:{self.verifier_port}",
-                                "--rtt-ms", f"{rtt_ms:g}"], self.folder / f"relay-{rtt_ms:g}ms.log",
-                               self.url + "/health", self.cores)
+        self._process = launch(speculoos("relay", "--listen", f"{HOST}:{self.port}", "--to",
+                                         f"{HOST}:{self.verifier_port}", "--rtt-ms", f"{rtt_ms:g}"),
+                               self.folder / f"relay-{rtt_ms:g}ms.log", self.url + "/health", self.cores)
         self.rtt_ms = rtt_ms
 
     def stop(self) -> None:
@@ -166,14 +189,14 @@ def local_stack(target: str, draft: str, *, parallel: int = 4, threads: int = 1,
     routes.write_text(routes_yaml(relay_port or verifier_port, draft, threads=threads, parallel=parallel, kinds=kinds,
                                   live=live, assume_costs=assume_costs,
                                   apart=verifier_cores is not None and proxy_cores is not None))
-    verifier = _start(["verifier", "--model", target, "--port", str(verifier_port), "--threads", str(threads),
-                       "--parallel", str(parallel), *verifier_args], folder / "verifier.log",
+    verifier = launch(speculoos("verifier", "--model", target, "--port", str(verifier_port), "--threads", str(threads),
+                                "--parallel", str(parallel), *verifier_args), folder / "verifier.log",
                       f"http://{HOST}:{verifier_port}/health", verifier_cores)
     between = Relay(relay_port, verifier_port, folder, verifier_cores) if relay_port is not None else None
     try:
         if between is not None:
             between.start(rtt_ms)  # before the proxy, whose start-up probe of the upstream goes through it
-        proxy = _start(["serve", "--routes", str(routes), "--port", str(proxy_port)], folder / "proxy.log",
+        proxy = launch(speculoos("serve", "--routes", str(routes), "--port", str(proxy_port)), folder / "proxy.log",
                        f"http://{HOST}:{proxy_port}/v1/models", proxy_cores)
         try:
             yield LocalStack(f"http://{HOST}:{verifier_port}", f"http://{HOST}:{proxy_port}", verifier.pid,

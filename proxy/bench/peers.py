@@ -21,226 +21,50 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.metadata
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
 
 from proxy.bench import peers_report
 from proxy.bench.client import BenchError, get_json, stream
-from proxy.bench.local import START_TIMEOUT_S, Relay, cores_argument, pinned, stop_process
+from proxy.bench.command import guarded, model_path
+from proxy.bench.local import client_on, cores_argument
+from proxy.bench.peers_plan import (
+    DEFAULT_SPEC_TYPES,
+    DRAFT_FREE_SPEC_TYPES,
+    LLAMA,
+    LLAMA_DRAFT,
+    LLAMA_SPEC,
+    ROW_KINDS,
+    SHARED,
+    SPECULOOS,
+    TWO_DEVICE,
+    VERIFIER,
+    Peer,
+    Setting,
+    parse_numbers,
+    parse_peers,
+    settings,
+)
 from proxy.bench.peers_report import PeerSample, Speculation
-from proxy.bench.workloads import Workload, WorkloadError, load
+from proxy.bench.peers_serve import Models, llama_server_binary, llama_server_command, serving, speculoos_routes
+from proxy.bench.workloads import Workload, load
 from proxy.engine.threads import usable_cores
 
-HOST = "127.0.0.1"
-SHARED, TWO_DEVICE = "shared", "two-device"
-LLAMA, LLAMA_DRAFT, LLAMA_SPEC, VERIFIER, SPECULOOS = "llama", "llama-draft", "llama-spec", "verifier", "speculoos"
-ROW_KINDS = (LLAMA, LLAMA_DRAFT, LLAMA_SPEC, VERIFIER, SPECULOOS)
-# The draft-free types of the vendored llama.cpp's --spec-type (common/speculative.cpp); ngram-simple ran fastest here.
-DRAFT_FREE_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-DEFAULT_SPEC_TYPES = "ngram-simple"
+# Re-exported: the command's parts, as its tests and callers name them.
+__all__ = ["LLAMA", "LLAMA_DRAFT", "LLAMA_SPEC", "SHARED", "SPECULOOS", "TWO_DEVICE", "VERIFIER", "Models", "Peer",
+           "Setting", "add_cli", "llama_server_binary", "llama_server_command", "measure", "parse_numbers",
+           "parse_peers", "plan", "run", "serving", "settings", "speculoos_routes"]
+
 DEFAULT_WORKLOADS = "code_editing,code_completion,open_chat"
-CONTEXT = 4096  # as our verifier's default --ctx
 METRICS_SETTLE_S = (0.0, 0.02, 0.05, 0.1, 0.2, 0.5)  # llama-server counts a request's rounds as its slot is freed
-
-
-@dataclass(frozen=True)
-class Peer:
-    """One row: what serves the requests."""
-
-    kind: str  # one of ROW_KINDS
-    spec_type: str | None = None  # LLAMA_SPEC only
-
-    @property
-    def name(self) -> str:
-        """The row's name in the table."""
-        return {LLAMA: "llama-server", LLAMA_DRAFT: "llama-server --model-draft",
-                LLAMA_SPEC: f"llama-server --spec-type {self.spec_type}", VERIFIER: "our verifier",
-                SPECULOOS: "Speculoos + our verifier"}[self.kind]
-
-    @property
-    def llama(self) -> bool:
-        """Served by llama-server."""
-        return self.kind in (LLAMA, LLAMA_DRAFT, LLAMA_SPEC)
-
-
-@dataclass(frozen=True)
-class Setting:
-    """Where and how a row runs."""
-
-    regime: str  # SHARED or TWO_DEVICE
-    rtt_ms: float | None  # TWO_DEVICE only
-    temperature: float
-
-
-def parse_peers(rows: str, spec_types: str) -> list[Peer]:
-    """'llama,llama-spec,speculoos' and 'ngram-simple,ngram-mod' -> the rows, a llama-spec row per type."""
-    kinds = [part.strip() for part in rows.split(",") if part.strip()]
-    types = [part.strip() for part in spec_types.split(",") if part.strip()]
-    if bad := [k for k in kinds if k not in ROW_KINDS]:
-        raise ValueError(f"--rows: unknown {', '.join(bad)} (rows: {', '.join(ROW_KINDS)})")
-    if bad := [t for t in types if t not in DRAFT_FREE_SPEC_TYPES]:
-        raise ValueError(f"--spec-types: unknown {', '.join(bad)} "
-                         f"(draft-free types: {', '.join(DRAFT_FREE_SPEC_TYPES)})")
-    if not kinds or len(set(kinds)) != len(kinds) or len(set(types)) != len(types):
-        raise ValueError("give each row and each spec type once, and at least one row")
-    if LLAMA_SPEC in kinds and not types:
-        raise ValueError("--rows llama-spec needs at least one --spec-types entry")
-    peers = []
-    for kind in kinds:
-        peers += [Peer(kind, t) for t in types] if kind == LLAMA_SPEC else [Peer(kind)]
-    return peers
-
-
-def parse_numbers(text: str, what: str, *, low: float, high: float | None = None) -> list[float]:
-    """'0,0.7' -> [0.0, 0.7], each in [low, high], none twice."""
-    try:
-        values = [float(part) for part in text.split(",") if part.strip()]
-    except ValueError as exc:
-        raise ValueError(f"{what}: {exc}") from exc
-    if not values or len(set(values)) != len(values) or any(v < low or (high is not None and v > high)
-                                                            for v in values):
-        raise ValueError(f"{what}: give distinct numbers in {low:g}..{'' if high is None else f'{high:g}'}")
-    return values
-
-
-def settings(temperatures: Sequence[float], *, shared: bool, rtts: Sequence[float] | None) -> list[Setting]:
-    """Every (regime, RTT, temperature) the run measures, shared cores first."""
-    regimes: list[tuple[str, float | None]] = [(SHARED, None)] if shared else []
-    regimes += [(TWO_DEVICE, rtt) for rtt in rtts or ()]
-    return [Setting(regime, rtt, t) for regime, rtt in regimes for t in temperatures]
-
-
-def llama_server_binary() -> Path:
-    """Where scripts/setup_llama_server.sh caches llama-server for the installed llama-cpp-python."""
-    if folder := os.environ.get("SPECULOOS_LLAMA_SERVER_DIR"):
-        return Path(folder) / "bin" / "llama-server"
-    xdg_cache = os.environ.get("XDG_CACHE_HOME", "")
-    cache = Path(xdg_cache) if os.path.isabs(xdg_cache) else Path.home() / ".cache"
-    version = importlib.metadata.version("llama_cpp_python")
-    return cache / "speculoos" / "llama-server" / version / "bin" / "llama-server"
-
-
-def llama_server_command(binary: Path, target: Path, draft: Path, peer: Peer, port: int, *,
-                         threads: int | None) -> list[str]:
-    """llama-server for one row; `threads` for the target and its draft (None: llama-server's default)."""
-    command = [str(binary), "--model", str(target), "--host", HOST, "--port", str(port), "--ctx-size", str(CONTEXT),
-               "--metrics"]
-    if threads is not None:
-        command += ["--threads", str(threads), "--threads-batch", str(threads)]
-    if peer.kind == LLAMA_DRAFT:
-        # This llama.cpp speculates with a draft model only when a type says so.
-        command += ["--model-draft", str(draft), "--spec-type", "draft-simple"]
-        if threads is not None:
-            command += ["--spec-draft-threads", str(threads), "--spec-draft-threads-batch", str(threads)]
-    elif peer.kind == LLAMA_SPEC:
-        command += ["--spec-type", str(peer.spec_type)]
-    return command
-
-
-def speculoos_routes(shipped: str, upstream_url: str, draft: str, *, apart: bool = False) -> str:
-    """The shipped routes file with every route's upstream and draft model replaced (`apart`: the draft on cores of
-    its own, as on a second device, so it need not take turns with the target)."""
-    document = yaml.safe_load(shipped)
-    for route in document["routes"]:
-        route["upstream"]["url"] = upstream_url
-        route.setdefault("draft", {})["model"] = draft
-        if apart:
-            route["draft"]["shares_cores"] = False
-    return yaml.safe_dump(document, sort_keys=False)
-
-
-def _speculoos(*args: str) -> list[str]:
-    return [sys.executable, "-m", "proxy", *args]
-
-
-def free_port() -> int:
-    """A port nothing listens on now."""
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
-
-
-def _launch(command: Sequence[str], log: Path, ready: str, cores: Collection[int] | None) -> subprocess.Popen:
-    """Start a server and wait until `ready` answers 200."""
-    process = subprocess.Popen(list(command), stdout=log.open("w"), stderr=subprocess.STDOUT,
-                               preexec_fn=pinned(cores))
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise BenchError(f"{Path(command[0]).name} {' '.join(command[1:4])} exited with {process.returncode}: "
-                             f"see {log}\n{log.read_text()[-1500:]}")
-        try:
-            urllib.request.urlopen(ready, timeout=2)
-            return process
-        except OSError:  # refused, or 503 while the model loads
-            time.sleep(0.5)
-    stop_process(process)
-    raise BenchError(f"{command[0]} did not answer {ready} within {START_TIMEOUT_S:g} s: see {log}")
-
-
-@dataclass(frozen=True)
-class Models:
-    """The GGUF pair, the llama-server binary and the routes file every row uses."""
-
-    target: Path
-    draft: Path
-    llama_server: Path
-    routes: str  # the shipped routes file's text
-
-
-@contextmanager
-def serving(peer: Peer, setting: Setting, models: Models, folder: Path, *, server_cores: Collection[int],
-            client_cores: Collection[int]) -> Iterator[str]:
-    """The row's processes, fresh, stopped on exit; yields the base URL the client sends to."""
-    two_device = setting.regime == TWO_DEVICE
-    server = set(server_cores) if two_device else None
-    stem = f"{setting.regime}-{setting.rtt_ms or 0:g}ms-t{setting.temperature:g}-{peer.name.replace(' ', '_')}"
-    threads = draft_threads = 1 if two_device else None
-    if peer.kind == SPECULOOS and not two_device:  # as scripts/run.sh starts them: every core each, taking turns
-        threads = draft_threads = usable_cores()
-    port = free_port()
-    with ExitStack() as stack:
-        def start(command: Sequence[str], name: str, ready: str, cores: Collection[int] | None) -> None:
-            stack.callback(stop_process, _launch(command, folder / f"{stem}-{name}.log", ready, cores))
-
-        if peer.llama:
-            start(llama_server_command(models.llama_server, models.target, models.draft, peer, port, threads=threads),
-                  "llama-server", f"http://{HOST}:{port}/health", server)
-        else:
-            start(_speculoos("verifier", "--model", str(models.target), "--port", str(port),
-                             *(["--threads", str(threads)] if threads else [])),
-                  "verifier", f"http://{HOST}:{port}/health", server)
-        upstream = f"http://{HOST}:{port}"
-        if two_device:
-            relay = Relay(free_port(), port, folder, server)
-            stack.callback(relay.stop)
-            relay.start(float(setting.rtt_ms or 0.0))
-            upstream = relay.url
-        if peer.kind != SPECULOOS:
-            yield upstream
-            return
-        proxy_port = free_port()
-        routes = folder / f"{stem}-routes.yaml"
-        routes.write_text(speculoos_routes(models.routes, upstream, str(models.draft), apart=two_device))
-        start(_speculoos("serve", "--routes", str(routes), "--port", str(proxy_port),
-                         *(["--draft-threads", str(draft_threads)] if draft_threads else [])),
-              "proxy", f"http://{HOST}:{proxy_port}/v1/models", set(client_cores) if two_device else None)
-        yield f"http://{HOST}:{proxy_port}"
 
 
 async def _metrics(session: aiohttp.ClientSession, base: str) -> dict[str, float]:
@@ -291,20 +115,6 @@ async def measure(base: str, peer: Peer, setting: Setting, workloads: Sequence[W
                 print(f"{setting.regime} {setting.rtt_ms or 0:g} ms T={setting.temperature:g} {peer.name} "
                       f"{workload.name} #{index}: {rate}", file=sys.stderr, flush=True)
     return samples
-
-
-@contextmanager
-def _client_on(cores: Collection[int] | None) -> Iterator[None]:
-    """This process on `cores` for a while (None: left as it is), as the client sits beside the proxy."""
-    if cores is None:
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, set(cores))
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
 
 
 def add_cli(commands: argparse._SubParsersAction) -> None:
@@ -370,40 +180,40 @@ def plan(args: argparse.Namespace) -> Plan:
 
 
 def _models(args: argparse.Namespace, peers: Sequence[Peer]) -> Models:
-    from proxy.models.registry import ModelError, resolve
-
-    try:
-        target, draft = resolve(args.target), resolve(args.draft)
-    except ModelError as exc:
-        raise BenchError(f"{exc} (speculoos models fetch NAME)") from exc
+    target, draft = model_path(args.target), model_path(args.draft)
     binary = args.llama_server or llama_server_binary()
     if any(p.llama for p in peers) and not os.access(binary, os.X_OK):
         raise BenchError(f"no llama-server at {binary}: run scripts/setup_llama_server.sh (or give --llama-server)")
     routes = args.routes.read_text() if any(p.kind == SPECULOOS for p in peers) and args.routes.is_file() else ""
     if any(p.kind == SPECULOOS for p in peers) and not routes:
         raise BenchError(f"no routes file at {args.routes}: give --routes (the shipped routes.yaml)")
-    return Models(Path(target), Path(draft), binary, routes)
+    return Models(target, draft, binary, routes)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Measure every row in every setting and print one table; one line and exit 1 on failure."""
+def _measure_all(args: argparse.Namespace, chosen: Plan, models: Models, folder: Path) -> list[PeerSample]:
+    """Every row in every setting, each in processes of its own."""
+    samples: list[PeerSample] = []
+    for setting in chosen.settings:
+        client = args.client_cores if setting.regime == TWO_DEVICE else None
+        for peer in chosen.peers:
+            with serving(peer, setting, models, folder, server_cores=args.server_cores,
+                         client_cores=args.client_cores) as base, client_on(client):
+                samples += asyncio.run(measure(base, peer, setting, chosen.workloads, prompts=args.prompts,
+                                               max_tokens=args.max_tokens, timeout_s=args.timeout))
+    return samples
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Measure every row in every setting and print one table."""
+    chosen = plan(args)
+    models = _models(args, chosen.peers)
+    folder = Path(tempfile.mkdtemp(prefix="speculoos-peers-"))
+    print(f"speculoos bench peers: {len(chosen.peers)} rows × {len(chosen.settings)} settings; logs in {folder}",
+          file=sys.stderr, flush=True)
     try:
-        chosen = plan(args)
-        models = _models(args, chosen.peers)
-        folder = Path(tempfile.mkdtemp(prefix="speculoos-peers-"))
-        print(f"speculoos bench peers: {len(chosen.peers)} rows × {len(chosen.settings)} settings; logs in {folder}",
-              file=sys.stderr, flush=True)
-        samples: list[PeerSample] = []
-        for setting in chosen.settings:
-            client = args.client_cores if setting.regime == TWO_DEVICE else None
-            for peer in chosen.peers:
-                with serving(peer, setting, models, folder, server_cores=args.server_cores,
-                             client_cores=args.client_cores) as base, _client_on(client):
-                    samples += asyncio.run(measure(base, peer, setting, chosen.workloads, prompts=args.prompts,
-                                                   max_tokens=args.max_tokens, timeout_s=args.timeout))
-    except (BenchError, WorkloadError, OSError, RuntimeError) as exc:  # RuntimeError: the relay did not start
-        print(f"speculoos bench peers: {exc}", file=sys.stderr)
-        return 1
+        samples = _measure_all(args, chosen, models, folder)
+    except OSError as exc:  # a log or port that could not be opened
+        raise BenchError(str(exc)) from exc
     rows = peers_report.summarise(samples)
     header = (f"speculoos bench peers — target {models.target.name}, draft {models.draft.name}, "
               f"{args.prompts} prompts per workload, {args.max_tokens} tokens")
@@ -419,3 +229,6 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         args.out.write_text(json.dumps(peers_report.as_json(rows, samples, config), indent=1) + "\n")
     return 0
+
+
+run = guarded("speculoos bench peers", _run)

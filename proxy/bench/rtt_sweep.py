@@ -12,7 +12,7 @@ from typing import Any
 
 from proxy.bench.report import number, pre_draft_cell
 from proxy.bench.stats import DIRECT, SEQUENTIAL_SUFFIX, Costs, pinned_k, ratio
-from proxy.control.costs import round_seconds
+from proxy.control.cost_model import round_seconds
 
 NOTES = ("tok/s: median output tokens ÷ request time, end to end, client beside the proxy (so direct pays "
          "the RTT too). α: accepted ÷ drafted. τ: tokens per round. pre-draft hits: rounds drafted ahead "

@@ -4,13 +4,22 @@ For each repetition, workload and prompt, `direct` and every proxy mode run back
 order rotated by one place per prompt and repetition, so drift in machine load, and the
 verifier's prompt cache (whoever runs second finds the prompt's prefix cached), fall on every
 mode alike. Requests run one at a time.
+
+Every proxy mode and repetition sees each prompt fresh. A route's suffix lookup drafts from the
+earlier outputs of the same API key (`share_history: key`, the default): sent under one key, a
+prompt's later requests would copy its first answer. So each (workload, mode, repetition) sends a
+key of its own, new for every run (`Authorization: Bearer speculoos-bench-RUN-...`), which the
+proxy passes on to the upstream. Within one, a workload's other prompts' answers are history, as
+for one client. A route with `share_history: route` pools every key's outputs: keep such a route
+out of a comparison of modes.
 """
 
 from __future__ import annotations
 
+import secrets
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -22,6 +31,8 @@ from proxy.bench.workloads import Prompt, Workload
 MAX_PINNED_K = 32  # the proxy's limit (proxy.wire.control.MAX_PINNED_K)
 WARMUP_TOKENS = 4
 WARMUP_TEXT = "Say hello."  # in no workload: a warm-up that cached a measured prompt would spare one side its prefill
+HISTORY_KEY_PREFIX = "speculoos-bench"
+WARMUP_SCOPE = "warm-up"
 
 
 @dataclass(frozen=True)
@@ -93,15 +104,31 @@ class Endpoints:
     model: str
     max_tokens: int | None  # overrides each prompt's default
     timeout_s: float
+    run: str = field(default_factory=lambda: secrets.token_hex(4))  # this run's part of every history key
 
 
-def request_for(endpoints: Endpoints, prompt: Prompt, mode: Mode | None, max_tokens: int | None) -> tuple[str, dict]:
+def scope_of(job: Job) -> str:
+    """The history scope of a job's request: its workload, mode and repetition."""
+    return f"{job.workload.name}-{job.target}-r{job.repetition}"
+
+
+def request_for(endpoints: Endpoints, prompt: Prompt, mode: Mode | None, max_tokens: int | None,
+                scope: str = WARMUP_SCOPE) -> tuple[str, dict, dict[str, str]]:
+    """URL, body and headers of one request: straight to the upstream (mode None), or through the proxy in
+    `mode`, drafting only from the outputs of its history `scope` in this run."""
     body = prompt.body(endpoints.model, max_tokens)
     if mode is None:
-        return endpoints.direct + prompt.path, body
+        return endpoints.direct + prompt.path, body, {}
     if mode.control is not None:
         body["speculoos"] = mode.control
-    return endpoints.proxy + prompt.path, body
+    key = f"{HISTORY_KEY_PREFIX}-{endpoints.run}-{scope}"
+    return endpoints.proxy + prompt.path, body, {"Authorization": f"Bearer {key}"}
+
+
+async def send(session: aiohttp.ClientSession, request: tuple[str, dict, dict[str, str]], timeout_s: float) -> Reply:
+    """One request built by `request_for`, streamed and timed."""
+    url, body, headers = request
+    return await stream(session, url, body, timeout_s, headers=headers)
 
 
 def sample_of(job: Job, reply: Reply) -> Sample:
@@ -129,7 +156,7 @@ async def warm_up(session: aiohttp.ClientSession, workload: Workload, modes: Ite
     prompt = warm_up_prompt(workload)
     for _ in range(times):
         for mode in modes:
-            await stream(session, *request_for(endpoints, prompt, mode, WARMUP_TOKENS), endpoints.timeout_s)
+            await send(session, request_for(endpoints, prompt, mode, WARMUP_TOKENS), endpoints.timeout_s)
 
 
 def warm_up_prompt(workload: Workload) -> Prompt:
@@ -163,9 +190,9 @@ async def run(jobs: Sequence[Job], modes: Sequence[Mode], endpoints: Endpoints, 
         for i, job in enumerate(jobs, 1):
             prompt = job.workload.prompts[job.prompt]
             if i - 1 in primes:
-                await stream(session, *request_for(endpoints, prompt, None, 1), endpoints.timeout_s)
-            url, body = request_for(endpoints, prompt, by_name[job.target], endpoints.max_tokens)
-            sample = sample_of(job, await stream(session, url, body, endpoints.timeout_s))
+                await send(session, request_for(endpoints, prompt, None, 1), endpoints.timeout_s)
+            request = request_for(endpoints, prompt, by_name[job.target], endpoints.max_tokens, scope_of(job))
+            sample = sample_of(job, await send(session, request, endpoints.timeout_s))
             samples.append(sample)
             rate = f"{sample.tokens_per_second:.1f} tok/s" if sample.tokens_per_second else sample.error or "no tokens"
             progress(f"[{i}/{len(jobs)}] {job.workload.name} #{job.prompt} r{job.repetition} {job.target}: "

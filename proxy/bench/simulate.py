@@ -2,12 +2,13 @@
 
 A trace (written by `speculoos bench --record-trace`) lists, per speculative request, each round
 as [drafted, accepted], or [drafted, accepted, "lookup"] for a lookup draft, which costs no draft
-time; a round emits accepted + 1 tokens. Under a cost model
+time; a round emits accepted + 1 tokens. The cost model is proxy/control/cost_model.py's CostModel,
+the one a route with fallback.assume_costs decides by:
     round      drafted · draft_ms (model drafts) + verify_ms(drafted) + rtt_ms
     verify_ms  verify_ms_flat + verify_ms_per_token · (drafted + 1)     (tokens evaluated)
                or, from a measured curve (`--cost-curve`, written by proxy/bench/gpu_costs.py),
-               linear between the measured K around it, and beyond the last measured K the
-               last one's cost per evaluated token
+               as the controller predicts from measured K: linear between the measured K around
+               it, beyond them the least-squares line through all of them
     plain      rtt_ms once per request + plain_ms per token              (streamed decoding)
 a request's speedup is its plain time ÷ its speculative time for the same tokens. Tokens a request
 decoded plainly (after a switch, or in chunks after lookup misses) cost plain_ms each, and each
@@ -15,7 +16,6 @@ chunk after a miss one more round trip. Prefill is left out of both sides.
 The `formula` column is Leviathan's i.i.d. prediction from the same rounds' α and mean K under the
 same costs: where replay and formula differ, acceptance was not independent from round to round.
 """
-
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.bench.stats import Spread, spread
-from proxy.control.costs import expected_tokens
+from proxy.control.cost_model import CostModel, expected_tokens
 
 SIMULATION = "SIMULATION"
 COST_MODELS = ("gpu", "cpu", "custom")
@@ -34,29 +34,6 @@ CURVE_FORMAT = "speculoos-verify-cost-curve"  # proxy.bench.gpu_costs writes it
 
 class SimulationError(ValueError):
     """A bad cost model or trace; the message says which."""
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """Milliseconds per operation."""
-
-    name: str
-    draft_ms: float  # per drafted token
-    verify_ms_flat: float  # per verification pass, whatever its size (a GPU's memory-bound pass)
-    verify_ms_per_token: float  # per token a pass evaluates (a CPU's compute-bound pass)
-    rtt_ms: float  # per round trip to the target
-    plain_ms: float  # per token of plain decoding on the target
-    verify_curve: tuple[tuple[int, float], ...] = ()  # measured (K, ms), K ascending; empty: the two terms above
-
-    def verify_ms(self, drafted: float) -> float:
-        """One verification pass over `drafted` drafts and the bonus position."""
-        if self.verify_curve:
-            return curve_ms(self.verify_curve, drafted)
-        return self.verify_ms_flat + self.verify_ms_per_token * (drafted + 1)
-
-    def round_ms(self, drafted: float, *, lookup: bool = False) -> float:
-        """One speculative round (a lookup draft costs no draft time)."""
-        return (0.0 if lookup else drafted * self.draft_ms) + self.verify_ms(drafted) + self.rtt_ms
 
 
 def cost_model(name: str, *, draft_ms: float | None = None, verify_ms_flat: float | None = None,
@@ -81,20 +58,6 @@ def cost_model(name: str, *, draft_ms: float | None = None, verify_ms_flat: floa
     if min(draft_ms, flat, per_token, rtt_ms) < 0 or plain <= 0 or model.verify_ms(1) <= 0:
         raise SimulationError("costs must be non-negative, and verification and plain decoding must cost time")
     return CostModel(name, draft_ms, flat, per_token, rtt_ms, plain)
-
-
-def curve_ms(curve: Sequence[tuple[int, float]], drafted: float) -> float:
-    """A measured verification cost at `drafted` drafts: linear between the measured K around it, the first
-    K's cost below it, and beyond the last K that K's cost per evaluated token (drafted + 1)."""
-    (first_k, first_ms), (last_k, last_ms) = curve[0], curve[-1]
-    if drafted <= first_k:
-        return first_ms
-    if drafted >= last_k:
-        return last_ms * (drafted + 1) / (last_k + 1)
-    for (low_k, low_ms), (high_k, high_ms) in zip(curve, curve[1:]):
-        if low_k <= drafted <= high_k:
-            return low_ms + (high_ms - low_ms) * (drafted - low_k) / (high_k - low_k)
-    raise AssertionError("unreachable: the curve's K ascend")
 
 
 def _positive_ms(value: Any, where: str, *, zero: bool = False) -> float:

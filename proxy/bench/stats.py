@@ -1,25 +1,19 @@
-"""Pure statistics over benchmark samples: spreads, speedups, Leviathan's prediction, output identity.
+"""Pure statistics over benchmark samples: spreads, speedups and their prediction, output identity.
 
 Glossary (one row = one workload in one mode):
     speedup          median output tokens/s of the mode ÷ that of `direct` (end to end, prefill included)
     paired speedup   the median, over prompts, of each request's tokens/s ÷ its own direct request's
                      (same prompt and repetition): prompts of different lengths do not blur it
     decode speedup   median ITL of `direct` ÷ median ITL of the mode (tokens after the first)
-    predicted        Leviathan et al. 2023 (§3.1) from the row's measured α and the proxy's measured
-                     costs (GET /speculoos/status):
-                         rate(α, k) = E(α, k) / (k · draft_seconds_per_token + verify_seconds(k))
-                     divided by the plain rate, 1 / median ITL of `direct` on the same workload.
-                     Tokens the proxy served by plain decoding (passthrough, a mid-stream switch)
-                     are predicted at the plain rate.
+    predicted        the speedup the cost model predicts from the proxy's measured costs
+                     (proxy/bench/prediction.py): from each request's rounds when the proxy reports
+                     them (round_trace), else from the row's α at the mean K (drafted ÷ rounds);
+                     a `k=N` mode is predicted at N
     efficiency       decode speedup ÷ predicted = measured decode rate ÷ predicted rate: what the
                      formula does not explain (proxy overhead, HTTP, tokenization, cost drift).
     pre-draft hits   of the rounds drafted ahead while the previous round was verified (draft-ahead),
                      the share whose tokens were used, summed over the row's requests
                      (the `draft_ahead` object of the proxy's `speculoos` extension, when present).
-When the proxy reports each request's rounds (round_trace), the prediction replays them: each
-round at the measured verification time of its own K (lookup paths vary from 1 to 32), model
-drafts at the measured draft time, plain chunks at the plain rate. Without a trace it falls back
-to the paper's formula at the mean K (drafted ÷ rounds); a `k=N` mode is predicted at N.
 A mode named with /seq (k=4/seq) is the same mode with draft-ahead turned off.
 """
 
@@ -30,9 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from proxy.control.costs import expected_tokens
+from proxy.bench.prediction import Costs, predicted_speedup, traced_rate
 
 DIRECT = "direct"
 PASSTHROUGH_MODE = "off"
@@ -90,35 +82,6 @@ def spread(values: Iterable[float | None]) -> Spread | None:
     return Spread(statistics.median(measured), min(measured), max(measured), len(measured))
 
 
-@dataclass(frozen=True)
-class Costs:
-    """A route's measured costs, from GET /speculoos/status."""
-
-    draft_seconds_per_token: float | None
-    verify_seconds_by_k: Mapping[int, float]
-    plain_tokens_per_second: float | None
-
-    @classmethod
-    def from_status(cls, route: Mapping[str, Any]) -> Costs:
-        """Read one route's entry (JSON turns the K keys into strings)."""
-        by_k = {int(k): float(v) for k, v in (route.get("verify_seconds_by_k") or {}).items() if v is not None}
-        return cls(route.get("draft_seconds_per_token"), by_k, route.get("plain_tokens_per_second"))
-
-    def verify_seconds(self, k: float) -> float | None:
-        """Verification time at k: measured, interpolated between the measured K around it, or extrapolated
-        along a least-squares line through every measured K (as the controller does)."""
-        if k in self.verify_seconds_by_k:
-            return self.verify_seconds_by_k[int(k)]
-        if len(self.verify_seconds_by_k) < 2:
-            return None  # one point cannot tell a flat (GPU) cost from a steep (CPU) one
-        ks = np.array(sorted(self.verify_seconds_by_k), dtype=float)
-        seconds = np.array([self.verify_seconds_by_k[int(x)] for x in ks])
-        if ks[0] < k < ks[-1]:
-            return float(np.interp(k, ks, seconds))  # neighbours only: one slow outlier K elsewhere cannot skew it
-        slope, intercept = np.polyfit(ks, seconds, 1)
-        return max(float(intercept + slope * k), 0.0)
-
-
 def pinned_k(mode: str) -> int | None:
     """N for a `k=N` or `k=N/seq` mode."""
     base = mode.removesuffix(SEQUENTIAL_SUFFIX)
@@ -131,48 +94,6 @@ def draft_ahead(extensions: Iterable[Mapping[str, Any]]) -> tuple[int, int] | No
     if not reports:
         return None
     return sum(int(r.get("started") or 0) for r in reports), sum(int(r.get("hits") or 0) for r in reports)
-
-
-def predicted_rate(alpha: float, k: float, draft_seconds_per_token: float, verify_seconds: float) -> float:
-    """Leviathan's tokens/s for k drafts per round at acceptance rate α."""
-    return expected_tokens(alpha, k) / (k * draft_seconds_per_token + verify_seconds)  # type: ignore[arg-type]
-
-
-def predicted_speedup(alpha: float, k: float, costs: Costs, plain_rate: float,
-                      speculative_share: float = 1.0) -> float | None:
-    """Predicted rate ÷ plain rate; a share of tokens served plainly runs at the plain rate."""
-    verify = costs.verify_seconds(k)
-    if verify is None or costs.draft_seconds_per_token is None or plain_rate <= 0:
-        return None
-    rate = predicted_rate(alpha, k, costs.draft_seconds_per_token, verify)
-    seconds_per_token = speculative_share / rate + (1.0 - speculative_share) / plain_rate
-    return (1.0 / seconds_per_token) / plain_rate
-
-
-def traced_rate(extensions: Sequence[Mapping[str, Any]], costs: Costs, plain_rate: float) -> float | None:
-    """Tokens/s predicted for speculative requests from their own rounds: each round's K at its measured
-    verification time, the model's drafted tokens at its measured draft time, plain chunks at the plain rate.
-
-    Rounds whose K varies (lookup paths of any length) are predicted round by round, not at a mean K.
-    """
-    tokens = seconds = 0.0
-    for extension in extensions:
-        trace = extension.get("round_trace")
-        if not trace:
-            return None
-        for drafted, accepted, *_ in trace:
-            verify = costs.verify_seconds(drafted)
-            if verify is None:
-                return None
-            tokens, seconds = tokens + accepted + 1, seconds + verify
-        model_drafted = int(((extension.get("drafts") or {}).get("model") or {}).get("drafted") or 0)
-        if model_drafted:
-            if costs.draft_seconds_per_token is None:
-                return None
-            seconds += model_drafted * costs.draft_seconds_per_token
-        plain = int(extension.get("plain_tokens") or 0)
-        tokens, seconds = tokens + plain, seconds + plain / plain_rate
-    return tokens / seconds if seconds > 0 else None
 
 
 @dataclass(frozen=True)

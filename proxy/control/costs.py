@@ -4,7 +4,8 @@ Costs are measured: verification time as a function of K is flat on a GPU and st
 and the plain rate comes from real passthrough requests and plain chunks decoded while the draft
 model was idle (reading along, on shared cores, slows the target). Every request on the
 route feeds them; none of them decides anything. Only a bench assumes them (AssumedCosts), to
-record on this machine the rounds a route would make on other hardware.
+record on this machine the rounds a route would make on other hardware. What the measurements
+predict (verification by K, round time, rate) is computed by proxy/control/cost_model.py.
 """
 
 from __future__ import annotations
@@ -16,61 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from proxy.config.schema import MAX_K, AssumedCostsConfig
+from proxy.config.section import MAX_K
+from proxy.config.speculation import AssumedCostsConfig
+from proxy.control import cost_model
+from proxy.control.acceptance import UNMEASURED_ALPHA, draft_ahead_hit, read_windows, survival
+from proxy.control.cost_model import CostModel, at_context, fit_context_slope, verify_from_measured
 from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent
 
-UNMEASURED_ALPHA = 0.5  # a neutral prior before any round was seen
 RECENT_VERIFICATIONS = 256  # the window the context slope is fitted over
-MIN_SLOPE_SAMPLES = 16
-MIN_CONTEXT_SPREAD = 32  # tokens (standard deviation within a K): less cannot tell a slope from noise
 MIN_PLAIN_TOKENS = 4  # shorter passthrough answers say little about the decoding rate
-
-
-def round_seconds(k: int, hit: float, draft_per_token: float, verify: float, *, pipelined: bool) -> float:
-    """Expected time of a round of k drafts, from the end of the previous round.
-
-    Sequential: draft k tokens, then the round trip and verification. Pipelined: the next round
-    is drafted (a guessed target token, then k drafts) while this one is verified; on a hit (the
-    previous round accepted everything and the guess was right, probability `hit`) the draft costs
-    only what outlasts the verification.
-    """
-    if not pipelined:
-        return k * draft_per_token + verify
-    return verify + (1.0 - hit) * k * draft_per_token + hit * max(0.0, (k + 1) * draft_per_token - verify)
-
-
-def survival(alpha: float, measured: Sequence[float | None], k: int) -> list[float]:
-    """P(the first j + 1 drafts are all accepted), j < k: measured where known, else one more α per position.
-
-    Acceptances within a round are correlated (a round copying a stretch accepts it all), so the
-    measured curve predicts tokens per round and hits better than α^j does.
-    """
-    curve, last = [], 1.0
-    for j in range(k):
-        value = measured[j] if j < len(measured) else None
-        last = min(last, value) if value is not None else last * alpha
-        curve.append(last)
-    return curve
-
-
-def read_windows(agreed: Sequence[bool], k: int) -> tuple[list[int], list[int]]:
-    """A read chunk as the greedy rounds the draft would have made, one starting at each token: per position j < k,
-    how many of them reach j (j tokens remain in the chunk) and how many accept every draft up to j."""
-    reached, survived = [0] * k, [0] * k
-    run = 0  # drafts that would have been accepted in a row from this start on
-    for start in range(len(agreed) - 1, -1, -1):
-        run = run + 1 if agreed[start] else 0
-        for position in range(min(len(agreed) - start, k)):
-            reached[position] += 1
-            survived[position] += position < run
-    return reached, survived
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """Expected tokens emitted by a round of k drafts at acceptance rate α (Leviathan et al., eq. 1)."""
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
 @dataclass
@@ -186,7 +141,7 @@ class RouteCosts:
         self.verify_by_k.setdefault(k, Ewma(self.weight)).add(verify_seconds)
         self.context_by_k.setdefault(k, Ewma(self.weight)).add(context)
         self.recent.append((k, context, verify_seconds))
-        self.context_slope = self._fit_context_slope()  # once per round, not once per K the policy weighs
+        self.context_slope = fit_context_slope(self.recent)  # once per round, not once per K the policy weighs
 
     def seed(self, calibration: Calibration) -> None:
         """Start-up timings, folded in as a request's would be (each weighs as one observation); α stays unmeasured."""
@@ -221,54 +176,15 @@ class RouteCosts:
         """How many different K have a measured verification time."""
         return sum(e.value is not None for e in self.verify_by_k.values())
 
-    def _fit_context_slope(self) -> float:
-        """Seconds a verification gains per token of context (0 until contexts varied enough to tell).
-
-        Fitted over recent verifications, each against the mean of those with the same K, so the
-        slope is not confused with the cost of K. A server that evaluates the whole context again
-        every round (vLLM without a prefix-cache hit) shows it; one that caches it shows about 0.
-        """
-        rows = np.array(self.recent, dtype=float).reshape(-1, 3)
-        spread = seconds = 0.0
-        for k in np.unique(rows[:, 0]):
-            group = rows[rows[:, 0] == k]
-            contexts = group[:, 1] - group[:, 1].mean()
-            spread += float(contexts @ contexts)
-            seconds += float(contexts @ (group[:, 2] - group[:, 2].mean()))
-        if len(rows) < MIN_SLOPE_SAMPLES or spread < len(rows) * MIN_CONTEXT_SPREAD**2:
-            return 0.0
-        return max(seconds / spread, 0.0)
-
     def verify_time(self, k: int, context: int | None = None) -> float | None:
         """Predicted verification time for k drafts (after `context` tokens, when given)."""
-        base = self._verify_time(k)
+        base = verify_from_measured({kk: e.value for kk, e in self.verify_by_k.items() if e.value is not None}, k)
         if base is None or context is None:
             return base
         seen = self.context_by_k.get(k)
         typical = seen.value if seen and seen.value is not None else np.mean(
             [e.value for e in self.context_by_k.values() if e.value is not None])
-        return max(base + self.context_slope * (context - float(typical)), 1e-6)
-
-    def _verify_time(self, k: int) -> float | None:
-        """Verification time for k drafts at the route's typical context: measured, between the measured K on either
-        side, or beyond them a line through all that were."""
-        measured = {kk: e.value for kk, e in self.verify_by_k.items() if e.value is not None}
-        if k in measured:
-            return measured[k]
-        if not measured:
-            return None
-        below, above = [kk for kk in measured if kk < k], [kk for kk in measured if kk > k]
-        if below and above:  # a CPU's cost is not one line: long drafts cost less per token than short ones
-            low, high = max(below), min(above)
-            return float(np.interp(k, [low, high], [measured[low], measured[high]]))
-        if len(measured) == 1:
-            # One point cannot tell a flat GPU from a steep CPU: assume cost grows with the tokens
-            # evaluated (k + 1), the cautious guess; exploring a neighbour refines it.
-            (known_k, known_t), = measured.items()
-            return known_t * (k + 1) / (known_k + 1)
-        ks = np.array(list(measured), dtype=float)
-        slope, intercept = np.polyfit(ks, np.array(list(measured.values())), 1)
-        return max(float(intercept + slope * k), 1e-6)
+        return at_context(base, self.context_slope, context, float(typical))
 
     def survival(self, k: int, alpha: float | None = None) -> list[float]:
         """The model draft's survival curve for k drafts: the route's measured one, or α per position if α is given."""
@@ -279,11 +195,7 @@ class RouteCosts:
 
     def hit_rate(self, curve: Sequence[float]) -> float:
         """P(a round's draft-ahead is used): the previous round accepted all k drafts and the guess was right."""
-        k = len(curve)
-        guess = self.guess_right.value
-        if guess is None:  # the guess is one more draft token: as likely as the last one given those before
-            guess = curve[-1] / curve[-2] if k > 1 and curve[-2] > 0 else curve[0]
-        return curve[-1] * guess
+        return draft_ahead_hit(curve, self.guess_right.value)
 
     def speculative_rate(self, k: int, alpha: float | None = None, *, curve: Sequence[float] | None = None,
                          pipelined: bool | None = None, context: int | None = None) -> float | None:
@@ -297,9 +209,8 @@ class RouteCosts:
             return None
         curve = list(curve)[:k] if curve is not None else self.survival(k, alpha)
         pipelined = self.pipelined if pipelined is None else pipelined
-        seconds = round_seconds(k, self.hit_rate(curve) if pipelined else 0.0, self.draft_per_token.value, verify,
-                                pipelined=pipelined)
-        return (1.0 + sum(curve)) / seconds
+        return cost_model.speculative_rate(curve, k, self.draft_per_token.value, verify,
+                                           hit=self.hit_rate(curve) if pipelined else 0.0, pipelined=pipelined)
 
     @property
     def plain_rate(self) -> float | None:
@@ -344,8 +255,9 @@ class AssumedCosts(RouteCosts):
     def __init__(self, weight: float, k_max: int, config: AssumedCostsConfig) -> None:
         super().__init__(weight, k_max, pipelined=False)  # the replayed cost model is sequential
         self.config = config
-        self.draft_per_token = Ewma(1.0, config.draft_ms / 1000.0, 1)
-        self.plain_per_token = Ewma(1.0, config.plain_ms / 1000.0, 1)
+        self.model = CostModel.assumed(config)
+        self.draft_per_token = Ewma(1.0, self.model.draft_ms / 1000.0, 1)
+        self.plain_per_token = Ewma(1.0, self.model.plain_ms / 1000.0, 1)
 
     def record_round(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float, **kwargs: Any) -> None:
         """Acceptance only: the costs are assumed."""
@@ -363,5 +275,4 @@ class AssumedCosts(RouteCosts):
 
     def verify_time(self, k: int, context: int | None = None) -> float:
         """A round trip and a verification of k drafts and the bonus position, as assumed."""
-        a = self.config
-        return (a.verify_ms_flat + a.verify_ms_per_token * (k + 1) + a.rtt_ms) / 1000.0
+        return self.model.verify_seconds(k)

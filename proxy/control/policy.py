@@ -21,6 +21,7 @@ import numpy as np
 from proxy.config.schema import FallbackConfig
 from proxy.control.costs import RouteCosts, read_windows, survival
 from proxy.control.lookup import MIN_PLAIN_CHUNK, LookupOdds
+from proxy.decode.decision import Decision, Measure, Plain, Read, Speculate, model_k
 from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent
 
 PASSTHROUGH_K = 0
@@ -37,23 +38,26 @@ MIN_TOKENS_TO_GIVE_UP = 32
 MIN_ROUNDS_TO_JUDGE = 8
 NOT_MEASURED = "not measured yet: speculating with the configured k"
 READING = "reading the target's first tokens before the first round"
+MEASURING = "measuring the plain rate before deciding"
 
 
 @dataclass(frozen=True)
-class Decision:
-    """What was chosen and why."""
+class Choice:
+    """What the rule chose (a route's mode, or a request's) and why."""
 
     k: int  # 0 = plain decoding
     reason: str
     predicted_rate: float | None = None  # tokens/s expected for the chosen mode
     plain_rate: float | None = None
-    measure_plain: bool = False  # k = 0 for one plain chunk only, to measure the plain rate; then decide again
-    reading: bool = False  # k = 0 while the draft reads the target's first chunks, before any decision
+
+    def decision(self) -> Decision:
+        """The round's decision this choice makes."""
+        return Speculate(self.k, self.reason) if self.k > 0 else Plain(self.reason)
 
 
 def choose_k(costs: RouteCosts, settings: FallbackConfig, configured_k: int, *, alpha: float | None,
              alpha_rounds: int, speculating: bool, pipelined: bool | None = None, context: int | None = None,
-             curve: Sequence[float] | None = None, resume_margin: float | None = None) -> Decision:
+             curve: Sequence[float] | None = None, resume_margin: float | None = None) -> Choice:
     """The K that maximises predicted tokens/s, or 0 when plain decoding is faster.
 
     Acceptance is the survival curve when given (P(the first j drafts all accepted)), else α per position.
@@ -64,26 +68,26 @@ def choose_k(costs: RouteCosts, settings: FallbackConfig, configured_k: int, *, 
     known = {k: r for k, r in rates.items() if r is not None}
     plain = costs.plain_rate
     if alpha is not None and alpha_rounds >= MIN_ROUNDS_BEFORE_SWITCH and alpha < settings.min_acceptance:
-        return Decision(PASSTHROUGH_K, f"α {alpha:.2f} below min_acceptance {settings.min_acceptance}", plain, plain)
+        return Choice(PASSTHROUGH_K, f"α {alpha:.2f} below min_acceptance {settings.min_acceptance}", plain, plain)
     if not known:
-        return Decision(configured_k, NOT_MEASURED)
+        return Choice(configured_k, NOT_MEASURED)
     best_k = max(known, key=lambda k: known[k])
     if plain is None:
-        return Decision(best_k, "passthrough rate not measured yet", known[best_k])
+        return Choice(best_k, "passthrough rate not measured yet", known[best_k])
     margin = (1.0 - settings.hysteresis) if speculating else 1.0 + (resume_margin or settings.hysteresis)
     if known[best_k] < plain * margin:
-        return Decision(PASSTHROUGH_K, f"speculation predicted {known[best_k]:.1f} tok/s at k={best_k}"
+        return Choice(PASSTHROUGH_K, f"speculation predicted {known[best_k]:.1f} tok/s at k={best_k}"
                         f" vs {plain:.1f} tok/s plain", plain, plain)
-    return Decision(best_k, f"k={best_k} predicted {known[best_k]:.1f} tok/s vs {plain:.1f} plain",
+    return Choice(best_k, f"k={best_k} predicted {known[best_k]:.1f} tok/s vs {plain:.1f} plain",
                     known[best_k], plain)
 
 
-def measured_loss(rate: float | None, plain: float | None, settings: FallbackConfig) -> Decision | None:
+def measured_loss(rate: float | None, plain: float | None, settings: FallbackConfig) -> Choice | None:
     """Plain decoding when model rounds, timed as they ran, gave fewer tokens/s (rate) than plain decoding (less
     the hysteresis), else None."""
     if rate is None or plain is None or rate >= plain * (1.0 - settings.hysteresis):
         return None
-    return Decision(PASSTHROUGH_K, f"drafting ran at {rate:.1f} tok/s vs {plain:.1f} tok/s plain", plain, plain)
+    return Choice(PASSTHROUGH_K, f"drafting ran at {rate:.1f} tok/s vs {plain:.1f} tok/s plain", plain, plain)
 
 
 def upper_bound(successes: int, trials: int, z: float = 2.0) -> float:
@@ -100,16 +104,19 @@ class PinnedPolicy:
     """
 
     def __init__(self, k: int, reason: str | None = None) -> None:
-        self._decision = Decision(k, reason or f"k={k} pinned by the client")
+        self._decision = Choice(k, reason or f"k={k} pinned by the client").decision()
 
-    def next_k(self) -> Decision:
+    def decide(self) -> Decision:
         """The pinned K."""
         return self._decision
+
+    def commit(self) -> None:
+        """No mode to settle in."""
 
     def observe(self, event: Event) -> None:
         """Nothing to learn."""
 
-    def lookup_length(self, probs: Sequence[float]) -> int:
+    def lookup_length(self, probs: Sequence[float], decision: Decision) -> int:
         """Every token of the path (capped at the pinned K by the plan)."""
         return len(probs)
 
@@ -125,7 +132,7 @@ class PinnedPolicy:
 class RequestPolicy:
     """One request's K each round, from its own acceptance so far and the route's costs."""
 
-    def __init__(self, costs: RouteCosts, settings: FallbackConfig, configured_k: int, start: Decision,
+    def __init__(self, costs: RouteCosts, settings: FallbackConfig, configured_k: int, start: Choice,
                  *, explore: bool = True, pipelined: bool | None = None, reads_along: bool = False) -> None:
         self._costs, self._settings, self._configured_k = costs, settings, configured_k
         # The draft reads what the target writes, which counts as rounds. Reading is exploring: a request
@@ -178,18 +185,19 @@ class RequestPolicy:
         self._reached = [a + b for a, b in zip(self._reached, reached, strict=True)]
         self._survived = [a + b for a, b in zip(self._survived, survived, strict=True)]
 
-    def lookup_length(self, probs: Sequence[float]) -> int:
-        """The worthwhile prefix of a lookup path, against plain decoding and the model draft."""
-        competing = [r for r in (self._costs.plain_rate_estimate(), self._model_rate()) if r is not None]
+    def lookup_length(self, probs: Sequence[float], decision: Decision) -> int:
+        """The worthwhile prefix of a lookup path, against plain decoding and the model draft at the round's K."""
+        competing = [r for r in (self._costs.plain_rate_estimate(), self._model_rate(decision)) if r is not None]
         return self.lookup.length(probs, max(competing, default=None))
 
     def plain_chunk(self) -> int:
         """Tokens to decode plainly after a lookup miss, from how often this request's lookups hit."""
         return self.lookup.chunk()
 
-    def _model_rate(self) -> float | None:
-        """The model draft's predicted tokens/s at this request's K (None when it is off or not measured)."""
-        k = self.next_k().k if self._evidence() >= MIN_ROUNDS_BEFORE_SWITCH else self.current.k
+    def _model_rate(self, decision: Decision) -> float | None:
+        """The model draft's predicted tokens/s at this request's K (None when it is off or not measured): the
+        round's, once the request has evidence of its own, else its mode's (a first decision may be only to read)."""
+        k = model_k(decision) if self._evidence() >= MIN_ROUNDS_BEFORE_SWITCH else self.current.k
         return (self._costs.speculative_rate(k, curve=self.survival()[:k], pipelined=self._pipelined,
                                              context=self.context) if k > 0 else None)
 
@@ -204,24 +212,24 @@ class RequestPolicy:
                for survived, reached, prior in zip(self._survived, self._reached, route, strict=True)]
         return survival(route[-1], own, self._settings.k_max)
 
-    def _best_if(self, curve: Sequence[float]) -> Decision:
+    def _best_if(self, curve: Sequence[float]) -> Choice:
         """The rule at this request's costs and context, were its survival curve the given (optimistic) one."""
         return choose_k(self._costs, self._settings, self._configured_k, alpha=None, alpha_rounds=0, speculating=True,
                         pipelined=self._pipelined, context=self.context, curve=curve)
 
-    def _hopeless(self) -> Decision | None:
+    def _hopeless(self) -> Choice | None:
         """Plain decoding when even accepting every draft would be slower at the measured costs, else None."""
         if self._costs.plain_rate is None:
             return None
         best = self._best_if([1.0] * self._settings.k_max)
         return replace(best, reason=f"even accepting every draft, {best.reason}") if best.k == PASSTHROUGH_K else None
 
-    def _ruled_out(self) -> Decision | None:
+    def _ruled_out(self) -> Choice | None:
         """Plain decoding where the measured costs say no draft could pay, unless this request is a probe that has
         not yet timed its round (costs measured long ago, at start-up say, may no longer hold)."""
         return None if self._probing and not self.rounds else self._hopeless()
 
-    def _measured_loss(self) -> Decision | None:
+    def _measured_loss(self) -> Choice | None:
         """Plain decoding once this request's own model rounds ran slower than plain decoding, else None.
 
         One round is enough when even accepting its every draft would have lost (its time, not its luck, decided);
@@ -253,31 +261,39 @@ class RequestPolicy:
         alpha = upper_bound(self.accepted, self.drafted)
         return self._best_if(survival(alpha, optimistic, self._settings.k_max)).k != PASSTHROUGH_K
 
-    def next_k(self) -> Decision:
-        """K for the next round; 0 to continue by plain decoding."""
-        evidence = self._evidence()
+    def decide(self) -> Decision:
+        """This round's decision (no side effects: `commit` settles the request in the mode it chose)."""
+        return self._judge()[0]
+
+    def commit(self) -> None:
+        """Settle in the mode this round's decision chose: the hysteresis of the next starts from it."""
+        self.current = self._judge()[1] or self.current
+
+    def _judge(self) -> tuple[Decision, Choice | None]:
+        """This round's decision, and the mode it settles the request in (None: the mode stays)."""
         if self._costs.plain_rate is None and not self._measured_plain:
-            # A fresh route does not know what speculation competes with: plain chunks (the prefill's, then
-            # one with the draft idle) measure that before the first round, so one round can tell whether any
-            # could pay.
-            return Decision(PASSTHROUGH_K, "measuring the plain rate before deciding", measure_plain=True)
+            # A fresh route does not know what speculation competes with: plain chunks (the prefill's, then one with
+            # the draft idle) measure that before the first round, so one round can tell whether any could pay.
+            return Measure(MEASURING), None
         if (lost := self._measured_loss()) is not None:
-            self.current = lost
-            return lost
-        if evidence < MIN_ROUNDS_BEFORE_SWITCH:
-            if (hopeless := self._ruled_out()) is not None:
-                return hopeless  # the costs are measured (at start-up, or by a round): acceptance cannot change it
-            retiming = self._probing and self._hopeless() is not None  # only a round can tell whether costs changed
-            if self._reads_along and not retiming and not (self.current.k > 0 and self.current.plain_rate is not None):
-                # Unless the route has found that speculation beats plain decoding, reading the
-                # target's first chunks tells as much as exploring rounds would, at no risk.
-                return Decision(PASSTHROUGH_K, READING, reading=True)
-            # A probe starts from a route in passthrough (k = 0): it explores at the configured k.
-            return Decision(self.current.k or (self._configured_k if self._explore else 0), self.current.reason)
+            return lost.decision(), lost
+        if self._evidence() < MIN_ROUNDS_BEFORE_SWITCH:
+            return self._first_rounds(), None
         alpha = self.accepted / self.drafted if self.drafted else self._costs.alpha.value
-        rounds = evidence if self.drafted else self._costs.alpha.samples
-        self.current = choose_k(self._costs, self._settings, self._configured_k, alpha=alpha, alpha_rounds=rounds,
-                                speculating=self.current.k > 0, pipelined=self._pipelined, context=self.context,
-                                resume_margin=max(RESUME_MARGIN, self._settings.hysteresis),
-                                curve=self.survival())
-        return self.current
+        rounds = self._evidence() if self.drafted else self._costs.alpha.samples
+        choice = choose_k(self._costs, self._settings, self._configured_k, alpha=alpha, alpha_rounds=rounds,
+                          speculating=self.current.k > 0, pipelined=self._pipelined, context=self.context,
+                          resume_margin=max(RESUME_MARGIN, self._settings.hysteresis), curve=self.survival())
+        return choice.decision(), choice
+
+    def _first_rounds(self) -> Decision:
+        """The decision before the request has evidence of its own: the route's mode, read or explored."""
+        if (hopeless := self._ruled_out()) is not None:  # the costs are measured (at start-up, or by a round)
+            return hopeless.decision()  # ... and acceptance cannot change it
+        retiming = self._probing and self._hopeless() is not None  # only a round can tell whether costs changed
+        if self._reads_along and not retiming and not (self.current.k > 0 and self.current.plain_rate is not None):
+            # Unless the route has found that speculation beats plain decoding, reading the
+            # target's first chunks tells as much as exploring rounds would, at no risk.
+            return Read(READING)
+        # A probe starts from a route in passthrough (k = 0): it explores at the configured k.
+        return Choice(self.current.k or (self._configured_k if self._explore else 0), self.current.reason).decision()

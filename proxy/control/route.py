@@ -19,7 +19,7 @@ from proxy.control.policy import (
     MIN_ROUNDS_BEFORE_SWITCH,
     NOT_MEASURED,
     PASSTHROUGH_K,
-    Decision,
+    Choice,
     PinnedPolicy,
     RequestPolicy,
     choose_k,
@@ -43,7 +43,7 @@ class RouteController:
     pipelined: bool = False  # the route's requests draft ahead while a round is verified
     clock: Callable[[], float] = time.monotonic
     costs: RouteCosts = field(init=False)
-    current: Decision = field(init=False)
+    current: Choice = field(init=False)
     requests_since_probe: int = 0
     last_probe: float = field(init=False)
     calibration: Calibration | None = None  # the costs timed at start-up, if they were
@@ -52,7 +52,7 @@ class RouteController:
         assumed = self.settings.assume_costs
         self.costs = (RouteCosts(self.settings.ewma_alpha, self.settings.k_max, self.pipelined) if assumed is None
                       else AssumedCosts(self.settings.ewma_alpha, self.settings.k_max, assumed))
-        self.current = Decision(self.configured_k, NOT_MEASURED)
+        self.current = Choice(self.configured_k, NOT_MEASURED)
         self.last_probe = self.clock()
 
     def observe(self, event: Event) -> None:
@@ -65,13 +65,13 @@ class RouteController:
         """A passthrough answer's decoding rate (a measurement only; the route's mode changes at probes)."""
         self.costs.record_plain(tokens, seconds)
 
-    def calibrated(self, calibration: Calibration) -> Decision:
+    def calibrated(self, calibration: Calibration) -> Choice:
         """Seed the costs with start-up timings and decide from them."""
         self.calibration = calibration
         self.costs.seed(calibration)
         return self.decide()
 
-    def decide(self) -> Decision:
+    def decide(self) -> Choice:
         """The route's decision from its own α and costs, unless its model rounds, timed as they ran, lost.
 
         Until some request measured α, costs alone turn the model off only where accepting every draft
@@ -83,7 +83,7 @@ class RouteController:
             best = choose_k(self.costs, self.settings, self.configured_k, alpha=None, alpha_rounds=0,
                             speculating=False, curve=[1.0] * self.settings.k_max)
             self.current = (replace(best, reason=f"even accepting every draft, {best.reason}")
-                            if best.k == PASSTHROUGH_K else Decision(self.configured_k, ALPHA_NOT_MEASURED))
+                            if best.k == PASSTHROUGH_K else Choice(self.configured_k, ALPHA_NOT_MEASURED))
         else:
             self.current = choose_k(self.costs, self.settings, self.configured_k, alpha=alpha.value,
                                     alpha_rounds=alpha.samples, speculating=self.current.k > 0,
@@ -107,7 +107,9 @@ class RouteController:
         """
         if forced:
             return PinnedPolicy(self.configured_k, f"k={self.configured_k}: speculation forced by the client")
-        explore = not self.looks_up or self.current.k > 0 or self._probe_due()
+        explore = True
+        if self.looks_up and self.current.k == PASSTHROUGH_K:
+            explore = self._count_towards_probe()  # the request counts; the probe explores
         return RequestPolicy(self.costs, self.settings, self.configured_k, self.current, explore=explore,
                              pipelined=pipelined, reads_along=reads_along)
 
@@ -121,14 +123,15 @@ class RouteController:
             if self.costs.plain_rate is None and self.costs.alpha.samples >= MIN_ROUNDS_BEFORE_SWITCH:
                 return False, "measuring the passthrough rate"
             return True, self.current.reason
-        if self._probe_due():
+        if self._count_towards_probe():
             return True, "probing speculation again"
         if self.costs.plain_rate is None:
             return False, "measuring the passthrough rate"
         return False, self.current.reason
 
-    def _probe_due(self) -> bool:
-        """Count a request; True (and the count restarts) every N requests or T seconds."""
+    def _count_towards_probe(self) -> bool:
+        """Count a request towards the next probe: whether it is the probe (every N requests or T seconds; the count
+        then restarts). A request counts once: at admission, or when it gets its policy on a route that looks up."""
         self.requests_since_probe += 1
         if (self.requests_since_probe < self.settings.probe_every_requests
                 and self.clock() - self.last_probe < self.settings.probe_every_seconds):

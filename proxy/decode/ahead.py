@@ -1,6 +1,6 @@
 """Draft-ahead: draft the next round while this one is being verified, as if every draft will be accepted.
 
-While the target verifies d_1..d_K, the drafter goes on from the all-accepted branch: it guesses
+While the target verifies d_1..d_K, the drafter goes on from the all-accepted continuation: it guesses
 the target's own next token g, then drafts the next round after context + d_1..d_K + g. If the
 target accepts all K drafts and its next token is g (a hit), those tokens are the next round's
 draft and the round trip is hidden behind the drafting; otherwise they are dropped. Exactness
@@ -8,7 +8,7 @@ holds: the pre-drafted tokens are an ordinary draft sample for the prefix they f
 a stream of their own, and whether they are used depends only on g and the target's draws.
 
 The model drafter drafts ahead in the request's own sequence: its cache already holds the
-all-accepted branch, and on a miss the next draft keeps only the prefix that was accepted.
+all-accepted continuation, and on a miss the next draft keeps only the prefix that was accepted.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ log = structlog.get_logger("speculoos.ahead")
 class DraftAhead:
     """One pre-draft in flight: the guessed next token, then the next round's draft after it."""
 
-    def __init__(self, drafter: Drafter, branch: Sequence[int], guess_plan: DraftPlan, next_plan: DraftPlan) -> None:
-        self._drafter, self._branch, self.plan = drafter, list(branch), next_plan
+    def __init__(self, drafter: Drafter, continuation: Sequence[int], guess_plan: DraftPlan,
+                 next_plan: DraftPlan) -> None:
+        self._drafter, self._continuation, self.plan = drafter, list(continuation), next_plan
         self.seconds_per_token: float | None = None  # the pre-draft's own drafting speed, once it is done
-        self._guess = asyncio.ensure_future(drafter.propose(self._branch, guess_plan))
+        self._guess = asyncio.ensure_future(drafter.propose(self._continuation, guess_plan))
         self._next = asyncio.ensure_future(self._draft_next())
 
     async def _draft_next(self) -> Draft | None:
@@ -38,7 +39,7 @@ class DraftAhead:
         guess = await self._guess
         if not guess.tokens:
             return None
-        draft = await self._drafter.propose([*self._branch, guess.tokens[0]], self.plan)
+        draft = await self._drafter.propose([*self._continuation, guess.tokens[0]], self.plan)
         self.seconds_per_token = (time.perf_counter() - started) / (1 + len(draft))
         return draft
 

@@ -1,217 +1,217 @@
-"""The round loop: propose -> score -> accept -> publish, until max_tokens or the end of generation.
+"""The round loop: each round the request's policy decides and the loop acts, until max_tokens or the end of generation.
 
-The loop does the I/O of a round and publishes one `RoundEvent` per round; the acceptance maths
-is `proxy.sampling` (pure functions of the distributions), and what K to draft next is the
-request's policy. When the drafter finds nothing worth verifying, the target decodes a chunk
-plainly instead of verifying an empty draft, and the loop looks again. While a round is being
-verified, the next one is drafted ahead when the request pipelines (`proxy.decode.ahead`). While
-the draft model reads the prompt, the target decodes the first tokens plainly instead of idling
-(the two work at the same time; the prompt's prefill is then hidden on both sides). On a fresh
-route the chunk that measures plain decoding comes before any reading, which would slow it where
-the two share cores. It calls nothing above it.
+Glossary:
+- round: the drafter proposes, the target scores, acceptance is exact (`proxy.sampling`); a round emits the
+  accepted drafts and one token of the target's: the recovered token in place of the first rejected draft, or
+  the bonus token after all of them.
+- path: drafted tokens the target verifies; a lookup drafter may propose other paths with the draft
+  (`Draft.alternatives`), verified together, and the round follows one.
+- plain chunk: a few tokens the target decodes itself, with no draft (the policy's `Plain`, `Measure`, `Read`,
+  a lookup that found nothing, or the target's first tokens while the draft reads the prompt).
+- reading: the draft model reads what the target writes (`proxy.decode.reading`).
+- switch: the request continues by plain chunks (one `SwitchEvent`); a greedy request's draft may read on and
+  drafting resume, else speculation ends for good (`Finish`).
+- probe, explore: a request on a route in passthrough that drafts again at the configured K, to re-time costs
+  that may have changed (`proxy.control.route`).
+- draft-ahead: the next round drafted while this one is verified (`proxy.decode.ahead`).
+
+The loop does the I/O of a round and publishes one `RoundEvent` per round; what to do next is the
+request's policy (`proxy.decode.decision`), whose decision the draft-ahead and the lookup trimming
+receive too. While the draft model reads the prompt, the target decodes the first tokens plainly
+instead of idling. On a fresh route the chunk that measures plain decoding comes before any reading,
+which would slow it where the two share cores. It calls nothing above it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
-from typing import TypeVar
-
-import structlog
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
 
 from proxy.config.schema import MAX_K
-from proxy.control.policy import Decision
 from proxy.decode.ahead import DraftAhead
-from proxy.decode.events import ReadEvent, RoundEvent, SwitchEvent
-from proxy.decode.plain import PLAIN_CHUNK, plain_chunk, plain_tokens
+from proxy.decode.decision import Decision, Measure, Plain, Read, Speculate, model_k
+from proxy.decode.events import RoundEvent, SwitchEvent
+from proxy.decode.plain import PLAIN_CHUNK, plain_chunk
+from proxy.decode.reading import DraftReader
 from proxy.decode.session import Session
-from proxy.drafting.base import Draft, Drafter
+from proxy.drafting.base import Draft, Drafter, DraftPlan
 from proxy.sampling.candidates import verify_candidates
 from proxy.sampling.processors import one_hot
 from proxy.sampling.rejection import verify_on_support
 from proxy.targets.base import Target
 
-log = structlog.get_logger("speculoos.loop")
-T = TypeVar("T")
 START_CHUNK = 4  # plain tokens per target call while the draft model reads the prompt
 FIRST_CHUNK = 1  # the call that pays the prompt's prefill: its token goes to the client as soon as the server's would
 DRAFT_ROOM = 2 * MAX_K + 1  # context the model may need past the current one: a round's drafts, a draft-ahead's
 OUTGROWN = "the context outgrew the draft model's"
 
 
+@dataclass(frozen=True)
+class Finish:
+    """Speculation ended for good (the error budget is spent, or a model draft neither drafts nor reads): plain
+    chunks to the end."""
+
+    reason: str
+
+
 async def speculative_tokens(session: Session, drafter: Drafter, target: Target) -> AsyncIterator[list[int]]:
-    """Yield each round's emitted tokens; continue by plain decoding when the policy says K = 0."""
+    """Yield each round's or plain chunk's tokens, as the policy decides, until max_tokens or the end of generation."""
     rounds = _Rounds(session, drafter, target)
-    is_end = session.is_end(drafter)
-    produced = 0
     try:
-        while produced < session.max_tokens:
-            remaining = session.max_tokens - produced
-            decision = rounds.within_draft_context(session.policy.next_k())
-            if decision.k == 0:
-                await rounds.stop_ahead()
-                rounds.resumes = rounds.resumes and session.policy.model_may_pay()
-            # K = 0 ends speculation for a model draft unless it keeps reading what the target writes
-            # (which tells the policy when drafting would pay again); a lookup drafter goes on, in
-            # plain chunks where nothing is worth verifying. Plain decoding is exact and always allowed.
-            if rounds.over_tv() or (decision.k == 0 and not decision.measure_plain and not drafter.looks_up
-                                    and not rounds.resumes):
-                reason = decision.reason if decision.k == 0 else f"error bound {rounds.worst_tv:.3g} above max_tv"
-                if not rounds.switched:
-                    session.publish(SwitchEvent(session.request_id, session.route, reason))
-                # The reading in flight ends first: what it finds still counts, and it would slow (and so
-                # mismeasure) the plain chunks.
-                await rounds.caught_up()
-                async for tokens in plain_tokens(session, target, rounds.context, remaining):
-                    yield tokens
-                return
-            if not decision.measure_plain:  # the draft's reading would slow the chunk that measures plain decoding
-                rounds.start_reading()
-            emitted = await rounds.step(decision, remaining)
+        while (remaining := session.max_tokens - rounds.produced()) > 0:
+            emitted = await rounds.act(await rounds.decide(), remaining)
             if not emitted:
                 return
-            produced += len(emitted)
             yield list(emitted)
-            if is_end(emitted[-1]):
+            if rounds.is_end(emitted[-1]):
                 return
             rounds.context.extend(emitted)
     finally:
-        await rounds.stop_drafting()
+        await rounds.stop()
 
 
 class _Rounds:
-    """One generation's state between rounds: its context, rounds so far, and the draft-ahead in flight."""
+    """One generation between rounds: its context, rounds so far, the draft-ahead in flight and the draft's reading."""
 
     def __init__(self, session: Session, drafter: Drafter, target: Target) -> None:
         self.session, self.drafter, self.target = session, drafter, target
+        self.is_end = session.is_end(drafter)
         self.context = list(session.prompt_ids)
         self.index = 0
         self.worst_tv = 0.0
         self.ahead: DraftAhead | None = None  # the next round, drafted while this one was verified
-        self.reads = session.warm_up  # the draft model reads what the target writes while the target goes on
-        # After a switch a greedy request's draft reads on: what it would have drafted tells when drafting pays again,
-        # until the policy finds that it cannot.
-        self.resumes = session.warm_up and session.params.greedy and session.policy.model_may_pay()
-        self.reading: asyncio.Future[None] | None = None  # the draft model's reading in flight (the last of a chain)
-        self.reading_prompt: asyncio.Future[None] | None = None  # the chain's first: the prompt
-        self.started_reading = False
-        self.switched = False  # a SwitchEvent was published
-        self.outgrown = False  # the context no longer fits the draft model's
+        self.reader = DraftReader(session, drafter)
+        self._finish: Finish | None = None  # once set, every step is a plain chunk
+        self._switched = False  # the SwitchEvent went out
 
-    def within_draft_context(self, decision: Decision) -> Decision:
-        """The decision, or K = 0 once the context outgrew the draft model's: from then on the model neither drafts
-        nor reads, and the rest is decoded plainly or drafted by lookups (which need no context)."""
-        if not self.outgrown and not self.drafter.fits(len(self.context) + DRAFT_ROOM):
-            self.outgrown, self.reads, self.resumes = True, False, False
-        return Decision(0, OUTGROWN) if self.outgrown and (decision.k > 0 or decision.reading) else decision
+    def produced(self) -> int:
+        """Tokens generated so far."""
+        return len(self.context) - len(self.session.prompt_ids)
+
+    async def decide(self) -> Decision | Finish:
+        """This round's decision: the policy's, within what the draft model can still hold; Finish once speculation
+        ended."""
+        if self._finish is not None:
+            return self._finish
+        policy = self.session.policy
+        decision = policy.decide()
+        policy.commit()
+        if not self.drafter.fits(len(self.context) + DRAFT_ROOM):
+            # From then on the model neither drafts nor reads: the rest is plain or lookups (which need no context).
+            self.reader.retire()
+            decision = Plain(OUTGROWN) if isinstance(decision, Speculate | Read) else decision
+        if isinstance(decision, Speculate):
+            reason = self._over_tv()
+        else:
+            await self._stop_ahead()
+            reason = self._over_tv() or self._stops_reading(decision)
+        if reason is None:
+            return decision
+        self._switch(reason)
+        # The reading in flight ends first: what it finds still counts, and it would slow (and mismeasure) the chunks.
+        await self.reader.caught_up()
+        self._finish = Finish(reason)
+        return self._finish
+
+    def _over_tv(self) -> str | None:
+        """Why bounded sampling's error budget is spent, if it is."""
+        return f"error bound {self.worst_tv:.3g} above max_tv" if self.worst_tv > self.session.max_tv else None
+
+    def _stops_reading(self, decision: Measure | Read | Plain) -> str | None:
+        """Why speculation ends for good: a model draft that drafts nothing ends it unless it keeps reading what the
+        target writes (which tells the policy when drafting would pay again); a lookup drafter goes on, in plain
+        chunks where nothing is worth verifying. Plain decoding is exact and always allowed."""
+        reads_on = self.reader.reads_on()
+        if isinstance(decision, Measure) or self.drafter.looks_up or reads_on:
+            return None
+        return decision.reason
+
+    def _switch(self, reason: str) -> None:
+        """Say once that the request continues by plain decoding."""
+        if not self._switched:
+            self._switched = True
+            self.session.publish(SwitchEvent(self.session.request_id, self.session.route, reason))
 
     def _first_chunk(self) -> int | None:
         """FIRST_CHUNK where the next plain call pays the prompt's prefill (and so measures nothing), else None."""
         return FIRST_CHUNK if self.session.at_prompt(self.context) else None
 
-    def over_tv(self) -> bool:
-        """Whether bounded sampling's error budget is spent."""
-        return self.worst_tv > self.session.max_tv
+    async def act(self, decision: Decision | Finish, remaining: int) -> tuple[int, ...]:
+        """The next tokens, up to the end of generation, as the decision says."""
+        if not isinstance(decision, Measure | Finish):  # the draft's reading would slow the chunk that measures
+            self.reader.start(self.context)
+        reading_prompt = self.reader.reading_prompt()
+        opening = min(self._first_chunk() or (START_CHUNK if reading_prompt else PLAIN_CHUNK), remaining)
+        match decision:
+            case Finish():
+                return await self._plain(min(PLAIN_CHUNK, remaining), read=False)
+            case Measure():
+                return await self._plain(opening, read=False)
+            case Plain() | Read() if not self.drafter.looks_up:  # the draft reads along (else speculation ended)
+                if isinstance(decision, Plain):
+                    self._switch(decision.reason)
+                return await self._plain(opening, read=True)
+            case Speculate() if reading_prompt and not self.drafter.looks_up:  # the target goes on meanwhile
+                return await self._plain(opening, read=True)
+            case _:
+                return await self._round(decision, remaining, reading_prompt)
 
-    def start_reading(self) -> None:
-        """Have the draft model read the prompt in the background, once, when the request warms up that way and the
-        model may draft for it."""
-        if self.started_reading:
-            return
-        self.started_reading = True
-        if (self.reads and self.session.policy.model_may_pay()
-                and (pending := self.drafter.prefill(self.session.request_id, list(self.context)))):
-            self.reading = self.reading_prompt = asyncio.ensure_future(_quietly(pending, "reading the prompt"))
+    async def _plain(self, n: int, *, read: bool, lookup_missed: bool = False,
+                     declined: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """A chunk of up to n tokens decoded by the target, up to the end of generation; the draft reads it if asked."""
+        tokens = await plain_chunk(self.session, self.target, self.context, n, lookup_missed=lookup_missed,
+                                   declined=declined, draft_busy=self.reader.busy())
+        tokens = _until_end(tuple(tokens), self.is_end)
+        if read:
+            self.reader.read(self.context, tokens)
+        return tokens
 
-    def _read(self, tokens: tuple[int, ...]) -> None:
-        """Have the draft model read a plain chunk once it has read everything before it."""
-        previous, context = self.reading, list(self.context)
-
-        async def read() -> None:
-            if previous is not None:
-                await previous  # never fails; cancelling this reading cancels it too
-            predicted = await _quietly(self._predict(context, tokens), "reading a plain chunk")
-            if predicted is not None and self.session.params.greedy:  # a sampled draft's argmax is not its draft
-                self.session.publish(ReadEvent(self.session.request_id, self.session.route, tokens, tuple(predicted)))
-
-        self.reading = asyncio.ensure_future(read())
-
-    async def _predict(self, context: list[int], tokens: tuple[int, ...]) -> list[int] | None:
-        """The draft reads tokens after context: its greedy choice at each (None: the drafter has no model)."""
-        pending = self.drafter.read(self.session.request_id, context, tokens)
-        return None if pending is None else await pending
-
-    def prompt_read(self) -> bool:
-        """Whether the draft model has read the prompt (or never had to)."""
-        return self.reading_prompt is None or self.reading_prompt.done()
-
-    async def caught_up(self) -> None:
-        """Wait until the draft model has read everything the target wrote (one evaluation at a time per sequence)."""
-        if self.reading is not None:
-            await self.reading
-
-    async def stop_ahead(self) -> None:
-        """Drop the draft-ahead in flight, if any."""
-        if self.ahead is not None:
-            await self.ahead.cancel()
-            self.ahead = None
-
-    async def stop_drafting(self) -> None:
-        """Drop the draft-ahead and the reading in flight, if any."""
-        await self.stop_ahead()
-        if self.reading is not None:
-            self.reading.cancel()
-            await asyncio.wait({self.reading})
-            self.reading = None
-
-    async def step(self, decision: Decision, remaining: int) -> tuple[int, ...]:
-        """The next tokens, up to the end of generation: a plain chunk to measure the plain rate, a plain chunk
-        after a lookup miss, or a round."""
-        session, is_end = self.session, self.session.is_end(self.drafter)
-        reading_prompt = not self.prompt_read()
-        if decision.k == 0 and (decision.measure_plain or not self.drafter.looks_up):
-            self._switch(decision)
-            n = self._first_chunk() or (START_CHUNK if reading_prompt else PLAIN_CHUNK)
-            return await self._plain(min(n, remaining), read=not decision.measure_plain)
-        if reading_prompt and not self.drafter.looks_up:  # the target goes on while the draft reads the prompt
-            return await self._plain(min(self._first_chunk() or START_CHUNK, remaining))
+    async def _round(self, decision: Speculate | Read | Plain, remaining: int, reading_prompt: bool) -> tuple[int, ...]:
+        """A round (lookup paths only unless the model speculates); a plain chunk where nothing was drafted."""
         # A round emits up to k + 1 tokens; the last round still drafts one so every token goes
         # through the sampler. Cutting a round's output short keeps it exact (each prefix follows
         # the target's distribution).
         cap = max(remaining - 1, 1)
-        plan = session.draft_plan(min(decision.k, cap), cap)
+        plan = self.session.draft_plan(min(model_k(decision), cap), cap, decision)
         started = time.perf_counter()  # the target waits from here: for the model's reading, then for its draft
         if reading_prompt:
             plan = replace(plan, k=0)  # lookups only until the model has read the prompt
         elif plan.k > 0:
             # The model may draft: after what it is still reading (the last plain chunk, read while the target
             # decoded it or just after). A lookup-only round goes on meanwhile, rather than leave the target idle.
-            await self.caught_up()
-        ahead, self.ahead = self.ahead, None  # kept only after a hit
-        draft = await ahead.draft() if ahead is not None else None
-        if draft is not None:
-            plan = ahead.plan
-        else:
-            ahead, draft = None, await self.drafter.propose(self.context, plan)
+            await self.reader.caught_up()
+        ahead, plan, draft = await self._draft(plan)
         if not draft.tokens:
             # While the model drafts nothing, a sampled request's model learns nothing from reading the chunk
             # (a later draft reads what it missed), and where it shares the target's cores it slows the target.
-            return await self._plain(min(self._first_chunk() or session.policy.plain_chunk(), remaining),
-                                     lookup_missed=True,
-                                     declined=draft.declined, read=decision.k > 0 or self.resumes)
-        drafted_at = time.perf_counter()
+            n = self._first_chunk() or self.session.policy.plain_chunk()
+            return await self._plain(min(n, remaining), read=isinstance(decision, Speculate) or self.reader.resumes,
+                                     lookup_missed=True, declined=draft.declined)
+        return await self._verified(decision, plan, draft, ahead, remaining, started)
+
+    async def _draft(self, plan: DraftPlan) -> tuple[DraftAhead | None, DraftPlan, Draft]:
+        """The round's draft and plan: those drafted ahead during the last round after a hit, else fresh ones."""
+        ahead, self.ahead = self.ahead, None  # kept only after a hit
+        if ahead is not None and (draft := await ahead.draft()) is not None:
+            return ahead, ahead.plan, draft
+        return None, plan, await self.drafter.propose(self.context, plan)
+
+    async def _verified(self, decision: Decision, plan: DraftPlan, draft: Draft, ahead: DraftAhead | None,
+                        remaining: int, started: float) -> tuple[int, ...]:
+        """Verify the draft (drafting the next round ahead meanwhile), publish the round, and return what it emits."""
+        session, drafted_at = self.session, time.perf_counter()
         verification = asyncio.ensure_future(_verify(session, self.target, self.context, draft))
-        self.ahead = _draft_ahead(session, self.drafter, self.context, draft, remaining)
+        self.ahead = _draft_ahead(session, self.drafter, self.context, draft, remaining, decision)
         try:
             emitted, accepted, followed, tv_bound = await verification
         finally:
             verification.cancel()  # a client gone while waiting stops the verification too
-        emitted = _until_end(emitted[:remaining], is_end)
+        emitted = _until_end(emitted[:remaining], self.is_end)
         hit = None
         if self.ahead is not None:
-            hit = await _resolve(self.ahead, draft, accepted, emitted, is_end)
+            hit = await _resolve(self.ahead, draft, accepted, emitted, self.is_end)
             self.ahead = self.ahead if hit else None
         self.worst_tv = max(self.worst_tv, tv_bound)
         asked = plan.k if draft.source == "model" else plan.lookup_k
@@ -224,31 +224,16 @@ class _Rounds:
         self.index += 1
         return emitted
 
-    def _switch(self, decision: Decision) -> None:
-        """Say once that the request continues by plain decoding (the draft reading along)."""
-        if not (decision.measure_plain or decision.reading or self.switched):
-            self.switched = True
-            self.session.publish(SwitchEvent(self.session.request_id, self.session.route, decision.reason))
+    async def _stop_ahead(self) -> None:
+        """Drop the draft-ahead in flight, if any."""
+        if self.ahead is not None:
+            await self.ahead.cancel()
+            self.ahead = None
 
-    async def _plain(self, n: int, *, lookup_missed: bool = False, declined: tuple[int, ...] = (),
-                     read: bool = True) -> tuple[int, ...]:
-        """A chunk of up to n tokens decoded by the target, up to the end of generation; the draft reads it if asked."""
-        busy = self.reading is not None and not self.reading.done()
-        tokens = await plain_chunk(self.session, self.target, self.context, n, lookup_missed=lookup_missed,
-                                   declined=declined, draft_busy=busy)
-        tokens = _until_end(tuple(tokens), self.session.is_end(self.drafter))
-        if self.reads and read and tokens:
-            self._read(tokens)
-        return tokens
-
-
-async def _quietly(pending: Awaitable[T], what: str) -> T | None:
-    """A reading's result, or None after logging its failure: reading ahead saves time, the next draft reads itself."""
-    try:
-        return await pending
-    except Exception:
-        log.warning(f"{what} failed; the next draft reads it itself", exc_info=True)
-        return None
+    async def stop(self) -> None:
+        """Drop the draft-ahead and the reading in flight, if any."""
+        await self._stop_ahead()
+        await self.reader.stop()
 
 
 async def _resolve(ahead: DraftAhead, draft: Draft, accepted: int, emitted: tuple[int, ...],
@@ -256,37 +241,36 @@ async def _resolve(ahead: DraftAhead, draft: Draft, accepted: int, emitted: tupl
     """Whether the pre-draft continues what the round emitted (a hit); a miss is stopped."""
     if accepted == len(draft) and len(emitted) == len(draft) + 1 and not is_end(emitted[-1]):
         return await ahead.guessed(emitted[-1])
-    await ahead.cancel()  # a draft was rejected: what follows the all-accepted branch is moot
+    await ahead.cancel()  # a draft was rejected: what follows the all-accepted continuation is moot
     return False
 
 
-def _draft_ahead(session: Session, drafter: Drafter, context: list[int], draft: Draft,
-                 remaining: int) -> DraftAhead | None:
-    """Start drafting the next round from the all-accepted branch, when the request pipelines and one may follow."""
+def _draft_ahead(session: Session, drafter: Drafter, context: list[int], draft: Draft, remaining: int,
+                 decision: Decision) -> DraftAhead | None:
+    """Start drafting the next round from the all-accepted continuation, at the round's K, when the request
+    pipelines and one may follow."""
     after = remaining - len(draft) - 1  # tokens still to emit if this round accepts everything
+    k = model_k(decision)
     if (not session.pipeline or draft.source != "model" or draft.alternatives or after <= 0
-            or session.is_end(drafter)(draft.tokens[-1])):
-        return None
-    k = session.policy.next_k().k
-    if k == 0:
+            or session.is_end(drafter)(draft.tokens[-1]) or k == 0):
         return None
     cap = max(after - 1, 1)
-    return DraftAhead(drafter, [*context, *draft.tokens], session.draft_plan(1, 1),
-                      session.draft_plan(min(k, cap), cap))
+    return DraftAhead(drafter, [*context, *draft.tokens], session.draft_plan(1, 1, decision),
+                      session.draft_plan(min(k, cap), cap, decision))
 
 
 async def _verify(session: Session, target: Target, context: list[int],
                   draft: Draft) -> tuple[tuple[int, ...], int, tuple[int, ...], float]:
-    """Score the draft (and its alternative paths) and accept exactly: (emitted, accepted, path followed, tv bound)."""
+    """Score the draft (and its other paths) and accept exactly: (emitted, accepted, path followed, tv bound)."""
     if not draft.alternatives:
         scores = await target.score(context, draft, session.score_plan())
         result = verify_on_support(draft.tokens, scores.support, session.random.accept)
         return result.emitted, result.accepted, draft.tokens, scores.tv_bound
     paths = (draft.tokens, *draft.alternatives)
     vocab = draft.probs.shape[1]
-    candidates = [draft, *(Draft(path, one_hot(path, vocab), draft.source) for path in draft.alternatives)]
+    path_drafts = [draft, *(Draft(path, one_hot(path, vocab), draft.source) for path in draft.alternatives)]
     plans = [session.score_plan() for _ in paths]  # drawn in order, so a seeded request's seeds do not depend on timing
-    scored = await asyncio.gather(*(target.score(context, c, plan) for c, plan in zip(candidates, plans, strict=True)))
+    scored = await asyncio.gather(*(target.score(context, d, plan) for d, plan in zip(path_drafts, plans, strict=True)))
     tree = verify_candidates(paths, [s.support for s in scored], session.random.accept)
     return tree.emitted, tree.accepted, paths[tree.candidate], max(s.tv_bound for s in scored)
 

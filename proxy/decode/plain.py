@@ -1,15 +1,14 @@
-"""Plain continuation: the target decodes the rest of a generation itself, a few tokens per call."""
+"""Plain decoding: the target decodes a chunk of a generation itself (the round loop says when and how much)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 
 from proxy.decode.events import PlainEvent
 from proxy.decode.session import Session
 from proxy.targets.base import Target
 
-PLAIN_CHUNK = 8  # tokens per plain-decoding call after a switch
+PLAIN_CHUNK = 8  # tokens per plain chunk after a switch
 
 
 async def plain_chunk(session: Session, target: Target, context: list[int], n: int, *,
@@ -24,14 +23,3 @@ async def plain_chunk(session: Session, target: Target, context: list[int], n: i
                                draft_busy=draft_busy))
     return tokens
 
-
-async def plain_tokens(session: Session, target: Target, context: list[int], remaining: int) -> AsyncIterator[list[int]]:
-    """Yield chunks decoded by the target until `remaining` tokens or the end of generation."""
-    context = list(context)
-    while remaining > 0:
-        tokens = await plain_chunk(session, target, context, min(PLAIN_CHUNK, remaining))
-        if not tokens:
-            return
-        yield tokens
-        context.extend(tokens)
-        remaining -= len(tokens)

@@ -4,41 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from functools import partial
 
 import numpy as np
 
-from proxy.control.policy import Decision
-from proxy.decode.events import Event, Subscriber
+from proxy.decode.decision import Decision, Policy
+from proxy.decode.events import Subscriber
 from proxy.drafting.base import Drafter, DraftPlan
 from proxy.sampling.processors import SamplerOrder, SamplingParams
 from proxy.targets.base import ScorePlan
 
 SEED_BOUND = 2**63  # seeds handed to servers fit a signed 64-bit integer
-
-
-class Policy(Protocol):
-    """Per request: the K for each next round (0: continue by plain decoding), learning from its events."""
-
-    def next_k(self) -> Decision:
-        """The next round's K and why."""
-        ...
-
-    def observe(self, event: Event) -> None:
-        """This request's own events."""
-        ...
-
-    def lookup_length(self, probs: Sequence[float]) -> int:
-        """How many tokens of a lookup path are worth verifying (0: none), given each one's estimated probability."""
-        ...
-
-    def plain_chunk(self) -> int:
-        """Tokens to decode plainly when a lookup found nothing, before looking again."""
-        ...
-
-    def model_may_pay(self) -> bool:
-        """Whether the model draft could still pay on this request (False: it stops reading along for good)."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -62,7 +38,7 @@ class RequestRandom:
         return np.random.default_rng(self.drafts.spawn(1)[0])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Session:
     """What the round loop needs to know about one request."""
 
@@ -89,10 +65,11 @@ class Session:
         """The target's ends of generation: the stop set learned from the upstream."""
         return self.ends or drafter.vocabulary.is_end_of_generation
 
-    def draft_plan(self, k: int, cap: int) -> DraftPlan:
-        """A round's request to the drafter: k model tokens, lookup paths up to lookup_k (both within cap)."""
+    def draft_plan(self, k: int, cap: int, decision: Decision) -> DraftPlan:
+        """A round's request to the drafter: k model tokens, lookup paths up to lookup_k (both within cap), trimmed
+        by the policy for the round's decision."""
         return DraftPlan(k, self.params, self.order, self.top_n, self.random.draft_stream(), self.request_id,
-                         min(self.lookup_k or k, cap), self.policy.lookup_length)
+                         min(self.lookup_k or k, cap), partial(self.policy.lookup_length, decision=decision))
 
     def at_prompt(self, context: Sequence[int]) -> bool:
         """Whether context is the prompt alone: what is evaluated next pays the prompt's prefill."""

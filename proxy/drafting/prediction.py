@@ -36,6 +36,7 @@ PREDICTION = "prediction"  # the drafts' source, in round events and the respons
 PRIOR_COPIED, PRIOR_DEPARTURES = 16, 1  # the client's claim: copies run this long between departures, a priori
 MIN_ESTIMATE = 0.5  # a path ends where the copy is likelier to have stopped than to go on
 FAR_MATCH = 4  # tokens a match far from the stop needs to count (a deleted block, a moved line)
+EDIT_GAP = 4  # copied tokens after which leaving the copy again is another edit, not the same one
 NEAR_SLACK = 8  # prediction tokens past the stop (beyond those written since) where a short match counts
 
 
@@ -67,7 +68,10 @@ class Alignment:
                             match=self.match + same, trust=1.0 if same else self.trust)
             if same == len(new):
                 return state._settled()
-            state = replace(state, synced=False, match=0, departures=state.departures + 1, stopped=state.written,
+            # Departures close together are one edit (a changed line leaves and rejoins the copy several times):
+            # the output left a copy only where the copy that stopped had run EDIT_GAP tokens (or from the start).
+            left = 1 if state.match >= EDIT_GAP or state.written == state.match else 0
+            state = replace(state, synced=False, match=0, departures=state.departures + left, stopped=state.written,
                             stop_match=state.match, change=None)
         return state._realigned(output)
 

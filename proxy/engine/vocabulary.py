@@ -78,13 +78,14 @@ class LlamaVocabulary:
             add_generation_prompt=add_generation_prompt,
         )
 
-    def chat_prompt_ids(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of chat messages rendered with the model's own chat template."""
+    def chat_prompt_ids(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                        tools: list[dict] | None = None) -> list[int]:
+        """Token ids of chat messages (and `tools`, when given) rendered with the model's own chat template."""
         formatter = self._chat_formatters[add_generation_prompt]
         if formatter is None:
             raise BadRequestError("this model has no chat template; use /v1/completions")
         try:
-            rendered = formatter(messages=messages)
+            rendered = formatter(messages=messages, tools=tools or None)
         except Exception as exc:  # jinja raises many types; all mean the messages did not fit the template
             raise BadRequestError(f"chat template failed: {exc}") from exc
         # The template writes its own special tokens, so no BOS is added (as llama-cpp-python does).

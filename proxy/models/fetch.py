@@ -34,14 +34,13 @@ from proxy.models.progress import Log
 from proxy.models.registry import (
     MODEL_NAMES,
     REGISTRY,
-    Chunk,
     ModelChecksumError,
     ModelError,
-    ModelSpec,
     known_names,
     models_dir,
     resolve,  # noqa: F401 -- callers use models.resolve beside models.fetch
 )
+from proxy.models.spec import Chunk, ModelSpec
 from proxy.models.verify import COPY_BUFFER, TEMPORARY_SUFFIX, Stamp, stamp_path, write_stamp
 
 PARTIAL_SUFFIX = ".partial"

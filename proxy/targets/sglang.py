@@ -22,7 +22,7 @@ from proxy.sampling.rejection import KnownSupport
 from proxy.targets import checks
 from proxy.targets.base import PositionLogprobs, ScorePlan, Scores, Verification
 from proxy.targets.sglang_probe import EXTENSION, SGLangInfo, probe_sglang, tokens
-from proxy.targets.topn import exactness_problem, support_from_top_n
+from proxy.targets.topn import exactness_problem, logprobs_problem, support_from_top_n
 from proxy.targets.upstream import Upstream
 from proxy.wire.request import CHAT, GenerationRequest
 
@@ -31,6 +31,10 @@ SGLANG_GREEDY_EPS = 1e-6  # _SAMPLING_EPS in python/sglang/srt/sampling/sampling
 # What a chat completion's prompt depends on besides the messages (entrypoints/openai/protocol.py
 # TokenizeRequest, which hands them to the chat template as the chat endpoint does).
 CHAT_TEMPLATE_KEYS = ("continue_final_message", "chat_template_kwargs", "reasoning_effort")
+# Tools, rendered by SGLang's tokenize as by its chat endpoint (which leaves them out at tool_choice "none") and by
+# our verifier's; older SGLang releases ignore them, which the handler sees in the prompt (tools.format_problem).
+PROMPT_TOOLS = "tools"
+TOOL_KEYS = (PROMPT_TOOLS, "tool_choice")
 
 
 def _top(entries: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -163,8 +167,10 @@ class SGLangTarget:
         return exactness_problem(params, top_n, self.order)
 
     def prompt_fields(self, kind: str) -> frozenset[str]:
-        """What prompt_ids() hands to SGLang's tokenize for a conversation; our verifier renders none of them."""
-        return frozenset(CHAT_TEMPLATE_KEYS if kind == CHAT and not self.exact_support else ())
+        """What prompt_ids() hands to the tokenize for a conversation: tools, and the chat template's settings, which
+        our verifier does not render."""
+        templated = CHAT_TEMPLATE_KEYS if not self.exact_support else ()
+        return frozenset((PROMPT_TOOLS, *templated)) if kind == CHAT else frozenset()
 
     def prompt_problem(self, request: GenerationRequest) -> str | None:
         """Why this request's prompt or context cannot be known from the server (None: it can, or not probed yet)."""
@@ -181,11 +187,20 @@ class SGLangTarget:
     async def score(self, context: list[int], draft: Draft, plan: ScorePlan) -> Scores:
         """One /generate call: exact residual draws through the extension, else top-N folded locally."""
         if self.exact_support:
-            return Scores(await self._score_support(context, draft, plan))
+            return await self._score_support(context, draft, plan)
         verification = await self._score_top_n(context, draft.tokens, plan)
-        return Scores(*support_from_top_n(verification, draft.tokens, draft.probs, plan.params, self.order))
+        return Scores(*support_from_top_n(verification, draft.tokens, draft.probs, plan.params, self.order),
+                      verification.positions)
 
-    async def _score_support(self, context: list[int], draft: Draft, plan: ScorePlan) -> KnownSupport:
+    def logprobs_problem(self, params: SamplingParams, n: int, top_n: int) -> str | None:
+        """Why log-probs cannot be answered (None: they can). Our verifier returns raw log-probs and draws the tokens
+        it emits from the whole vocabulary; SGLang returns log-probs after temperature unless at greedy or T = 1
+        (SGLANG_RETURN_ORIGINAL_LOGPROB unset), which top-N raw log-probs cannot give."""
+        if not (self.exact_support or params.greedy or params.temperature == 1.0):
+            return "SGLang answers log-probs after temperature, which raw top-N log-probs cannot give"
+        return logprobs_problem(params, n, top_n, sampled_within=not self.exact_support)
+
+    async def _score_support(self, context: list[int], draft: Draft, plan: ScorePlan) -> Scores:
         """The draft-support extension: the target's probabilities on every draft candidate, and one
         target token drawn outside them, per position."""
         support_ids = [np.flatnonzero(row).tolist() for row in draft.probs]
@@ -195,8 +210,15 @@ class SGLangTarget:
             "logprob_start_len": len(context) - 1,
             DRAFT_SUPPORT_EXTENSION: support_ids,
         }
+        if plan.logprobs:  # the same rows' raw log-probs, in the same call
+            body.update(return_logprob=True, top_logprobs_num=plan.top_n, return_text_in_logprobs=False)
         answer = await self.upstream.post_json("/generate", body, client_headers=plan.client_headers)
-        return parse_support(answer, draft.tokens, support_ids, draft.probs, vocab_size=self.vocab_size)
+        support = parse_support(answer, draft.tokens, support_ids, draft.probs, vocab_size=self.vocab_size)
+        if not plan.logprobs:
+            return Scores(support)
+        verification = parse_verification(answer, draft.tokens, context[-1], top_n=plan.top_n,
+                                          vocab_size=self.vocab_size)
+        return Scores(support, positions=verification.positions)
 
     async def _score_top_n(self, context: list[int], draft_tokens: Sequence[int], plan: ScorePlan) -> Verification:
         """Raw top-N log-probs at every draft position and the bonus position."""
@@ -215,11 +237,38 @@ class SGLangTarget:
                        client_headers: dict[str, str] | None = None, model: str | None = None) -> list[int]:
         """Plain decoding on the target: up to max_new_tokens sampled by the server itself (/generate names no
         model)."""
-        body = {
-            "input_ids": context,
-            "sampling_params": sampling_body(params, max_new_tokens, seed),
-        }
+        body = {"input_ids": context, "sampling_params": sampling_body(params, max_new_tokens, seed)}
         answer = await self.upstream.post_json("/generate", body, client_headers=client_headers)
+        return self._plain_tokens(answer, max_new_tokens)
+
+    async def generate_logprobs(self, context: list[int], max_new_tokens: int, params: SamplingParams, seed: int,
+                                top_n: int, client_headers: dict[str, str] | None = None,
+                                model: str | None = None) -> tuple[list[int], tuple[PositionLogprobs, ...]]:
+        """Plain decoding with each sampled token's log-prob and the top `top_n` (output rows only)."""
+        body = {"input_ids": context, "sampling_params": sampling_body(params, max_new_tokens, seed),
+                "return_logprob": True, "top_logprobs_num": top_n, "return_text_in_logprobs": False}
+        answer = await self.upstream.post_json("/generate", body, client_headers=client_headers)
+        tokens = self._plain_tokens(answer, max_new_tokens)
+        try:
+            meta = answer["meta_info"]
+            checks.count(meta["output_token_logprobs"], len(tokens), "a plain answer's log-probs", "rows")
+            checks.count(meta["output_top_logprobs"], len(tokens), "a plain answer's top log-probs", "rows")
+            positions = []
+            for index, (token, entry, top) in enumerate(zip(tokens, meta["output_token_logprobs"],
+                                                            meta["output_top_logprobs"], strict=True)):
+                what = f"plain token {index + 1}"
+                if int(entry[1]) != token:
+                    raise checks.fail(f"{what}'s log-prob is for another token")
+                ids, logprobs = _top(top, what)
+                scored = (token, checks.logprob(entry[0], what))
+                checks.top_position(ids, logprobs, width=min(top_n, self.vocab_size or top_n),
+                                    vocab_size=self.vocab_size, what=what, scored=scored)
+                positions.append(PositionLogprobs(token, scored[1], ids, logprobs))
+            return tokens, tuple(positions)
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise UpstreamUnavailableError(f"upstream sent malformed log-probs ({type(exc).__name__})") from exc
+
+    def _plain_tokens(self, answer: Any, max_new_tokens: int) -> list[int]:
         try:
             tokens = checks.token_ids(answer["output_ids"], self.vocab_size, "a plain /generate answer")
         except (KeyError, TypeError, ValueError) as exc:
@@ -242,7 +291,8 @@ class SGLangTarget:
         if kind == CHAT:
             # No add_generation_prompt: without it every release renders as its chat endpoint does,
             # generation prompt included (probe() checked that against the chat endpoint).
-            request = {"messages": body["messages"], **{key: body[key] for key in CHAT_TEMPLATE_KEYS if key in body}}
+            request = {"messages": body["messages"],
+                       **{key: body[key] for key in (*CHAT_TEMPLATE_KEYS, *TOOL_KEYS) if key in body}}
         else:
             request = {"prompt": body["prompt"]}  # special tokens added as /v1/completions adds them
         ids = await tokens(self.upstream, info.tokenize_path, request, client_headers)

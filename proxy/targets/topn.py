@@ -33,6 +33,20 @@ def exactness_problem(params: SamplingParams, top_n: int, order: SamplerOrder) -
     return None
 
 
+BEYOND_TOP_N = "log-probs beyond the route's top-N"
+
+
+def logprobs_problem(params: SamplingParams, n: int, top_n: int, *, sampled_within: bool) -> str | None:
+    """Why a request's top-`n` log-probs cannot come from top-`top_n` answers (None: they can). `sampled_within`:
+    every token a round can emit has its log-prob in the answer (drafts are scored; a top-N round samples among the
+    known ids), else only greedy and top_k in 1..top_n keep the sampled token inside the top-N."""
+    if n > top_n:
+        return f"{BEYOND_TOP_N}: {n} asked for, top_logprobs is {top_n}"
+    if not (sampled_within or params.greedy or 1 <= params.top_k <= top_n):
+        return f"{BEYOND_TOP_N}: a token sampled outside the top {top_n} has no log-prob in the answer"
+    return None
+
+
 def bound_problem(params: SamplingParams) -> str | None:
     """Why even a bounded approximation is not offered (None: it is)."""
     if params.top_p < 1 or params.min_p > 0:

@@ -22,7 +22,7 @@ from proxy.errors import UpstreamUnavailableError
 from proxy.sampling.processors import SamplerOrder, SamplingParams
 from proxy.targets import checks
 from proxy.targets.base import PositionLogprobs, ScorePlan, Scores, Verification
-from proxy.targets.topn import exactness_problem, support_from_top_n
+from proxy.targets.topn import exactness_problem, logprobs_problem, support_from_top_n
 from proxy.targets.upstream import Upstream, UpstreamStatusError
 from proxy.wire.request import CHAT, GenerationRequest
 
@@ -33,7 +33,8 @@ OVER_ANY_CAP = 1_000_000_000
 MAX_ALLOWED = re.compile(r"max allowed: (\d+)")
 # Chat-template settings vLLM's /tokenize shares with its chat endpoint (serve/tokenize/protocol.py).
 CHAT_TEMPLATE_KEYS = ("add_generation_prompt", "continue_final_message", "add_special_tokens",
-                      "chat_template", "chat_template_kwargs")
+                      "chat_template", "chat_template_kwargs",
+                      "tools")  # rendered whatever tool_choice is, unless --exclude-tools-when-tool-choice-none
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,13 @@ class VLLMTarget:
     async def score(self, context: list[int], draft: Draft, plan: ScorePlan) -> Scores:
         """One /v1/completions call, its top-N folded with the draft into the sampler's support."""
         verification = await self.verify(context, list(draft.tokens), plan.top_n, plan.client_headers, plan.model)
-        return Scores(*support_from_top_n(verification, draft.tokens, draft.probs, plan.params, self.order))
+        return Scores(*support_from_top_n(verification, draft.tokens, draft.probs, plan.params, self.order),
+                      verification.positions)
+
+    def logprobs_problem(self, params: SamplingParams, n: int, top_n: int) -> str | None:
+        """vLLM returns raw log-probs (its default logprobs_mode), as the rounds' prompt log-probs are; a round
+        samples among the ids they hold."""
+        return logprobs_problem(params, n, top_n, sampled_within=True)
 
     async def verify(self, context: list[int], draft_tokens: list[int], top_n: int,
                      client_headers: dict[str, str] | None = None, model: str | None = None) -> Verification:
@@ -203,6 +210,32 @@ class VLLMTarget:
     async def generate(self, context: list[int], max_new_tokens: int, params: SamplingParams, seed: int,
                        client_headers: dict[str, str] | None = None, model: str | None = None) -> list[int]:
         """Plain decoding on the target: up to max_new_tokens sampled by vLLM itself (EOS included)."""
+        answer = await self._generate(context, max_new_tokens, params, seed, None, client_headers, model)
+        return self._plain_tokens(answer, max_new_tokens)
+
+    async def generate_logprobs(self, context: list[int], max_new_tokens: int, params: SamplingParams, seed: int,
+                                top_n: int, client_headers: dict[str, str] | None = None,
+                                model: str | None = None) -> tuple[list[int], tuple[PositionLogprobs, ...]]:
+        """Plain decoding with each sampled token's raw log-prob and the top `top_n`."""
+        answer = await self._generate(context, max_new_tokens, params, seed, top_n, client_headers, model)
+        tokens = self._plain_tokens(answer, max_new_tokens)
+        try:
+            logprobs = answer["choices"][0]["logprobs"]
+            checks.count(logprobs["top_logprobs"], len(tokens), "a plain completion's log-probs", "rows")
+            positions = []
+            for index, (token, top) in enumerate(zip(tokens, logprobs["top_logprobs"], strict=True)):
+                what = f"plain token {index + 1}"
+                pairs = [(int(key.removeprefix(TOKEN_ID_PREFIX)), _logprob(value, what)) for key, value in top.items()]
+                ids, values = _position(pairs, top_n, token, self.vocab_size, what)
+                if token not in dict(pairs):
+                    raise checks.fail(f"{what} has no log-prob for the sampled token")
+                positions.append(PositionLogprobs(token, dict(pairs)[token], ids, values))
+            return tokens, tuple(positions)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            raise UpstreamUnavailableError(f"upstream sent malformed log-probs ({type(exc).__name__})") from exc
+
+    async def _generate(self, context: list[int], max_new_tokens: int, params: SamplingParams, seed: int,
+                        top_n: int | None, client_headers: dict[str, str] | None, model: str | None) -> Any:
         body = {
             "model": model or await self.served_model(),  # the client's (a LoRA adapter verifies as itself)
             "prompt": context,
@@ -214,7 +247,11 @@ class VLLMTarget:
             "seed": seed,
             "return_token_ids": True,
         }
-        answer = await self.upstream.post_json("/v1/completions", body, client_headers=client_headers)
+        if top_n is not None:
+            body.update(logprobs=top_n, return_tokens_as_token_ids=True)
+        return await self.upstream.post_json("/v1/completions", body, client_headers=client_headers)
+
+    def _plain_tokens(self, answer: Any, max_new_tokens: int) -> list[int]:
         try:
             tokens = checks.token_ids(answer["choices"][0]["token_ids"], self.vocab_size, "a plain completion")
         except (KeyError, IndexError, TypeError, ValueError) as exc:

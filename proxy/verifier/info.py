@@ -17,6 +17,7 @@ from aiohttp import web
 from proxy.errors import BadRequestError
 from proxy.verifier.model import VerifierModel
 from proxy.wire.request import read_json
+from proxy.wire.tools import request_tools, template_messages
 
 MODEL = web.AppKey("model", VerifierModel)
 MODEL_NAME = web.AppKey("model_name", str)
@@ -35,7 +36,7 @@ def _is_ids(value: Any) -> bool:
 
 
 async def tokenize(request: web.Request) -> web.Response:
-    """SGLang's /v1/tokenize: exactly one of a prompt (or a list of them) and a conversation."""
+    """SGLang's /v1/tokenize: exactly one of a prompt (or a list of them) and a conversation (with its tools)."""
     body = await read_json(request)
     model = request.app[MODEL]
     if not isinstance(body, dict) or ("prompt" in body) == ("messages" in body):
@@ -48,7 +49,8 @@ async def tokenize(request: web.Request) -> web.Response:
             raise BadRequestError("'messages' must be a non-empty list", param="messages")
         # Omitted, the generation prompt is added, as SGLang renders a conversation for its chat endpoint.
         add_generation_prompt = body.get("add_generation_prompt") is not False
-        tokens = vocabulary.chat_prompt_ids(messages, add_generation_prompt=add_generation_prompt)
+        tokens = vocabulary.chat_prompt_ids(template_messages(messages), add_generation_prompt=add_generation_prompt,
+                                            tools=request_tools(body))
         count: int | list[int] = len(tokens)
     elif isinstance(prompt, str):
         tokens = vocabulary.tokenize(prompt, add_special=bool(body.get("add_special_tokens", True)))

@@ -32,8 +32,10 @@ from proxy.wire.errors import error_middleware
 from proxy.wire.fields import RESPONSE_EXTRAS
 from proxy.wire.request import CHAT, COMPLETION, GenerationRequest, parse_generation_request, read_json
 from proxy.wire.textstream import TextStream
+from proxy.wire.tools import ToolCallStream, parses_tool_calls, request_tools, template_messages
 
 UNSUPPORTED_HERE = "the speculoos verifier does not support {fields}; send them to a full server"
+TEMPLATED_HERE = frozenset({"tools"})  # rendered by the chat template; calls read from the output (wire/tools.py)
 
 
 async def generate(request: web.Request) -> web.Response:
@@ -57,7 +59,7 @@ async def health(request: web.Request) -> web.Response:
 
 def _prompt_ids(vocabulary: LlamaVocabulary, parsed: GenerationRequest) -> list[int]:
     if parsed.kind == CHAT:
-        return vocabulary.chat_prompt_ids(parsed.messages or [])
+        return vocabulary.chat_prompt_ids(template_messages(parsed.messages or []), tools=request_tools(parsed.body))
     if isinstance(parsed.prompt, list):
         return list(parsed.prompt)
     return vocabulary.tokenize(parsed.prompt or "")
@@ -81,7 +83,8 @@ async def _decode_one_by_one(
 
 async def _openai_generation(request: web.Request, kind: str) -> web.StreamResponse:
     parsed = parse_generation_request(await read_json(request), kind)  # type: ignore[arg-type]
-    if refused := [name for name in parsed.unsupported if name not in RESPONSE_EXTRAS]:  # extras: ignored here
+    if refused := [name for name in parsed.unsupported  # extras: ignored here
+                   if name not in RESPONSE_EXTRAS and name not in TEMPLATED_HERE]:
         raise BadRequestError(UNSUPPORTED_HERE.format(fields=", ".join(refused)))
     model = request.app[MODEL]
     vocabulary = model.vocabulary
@@ -91,7 +94,8 @@ async def _openai_generation(request: web.Request, kind: str) -> web.StreamRespo
                         max_tokens=max_tokens)
     tokens = _decode_one_by_one(model, prompt_ids, parsed.sampling_params, max_tokens,
                                 np.random.default_rng(parsed.seed))
-    response, _ = await write_generation(request, parsed, tokens, stream, len(prompt_ids))
+    tools = ToolCallStream() if parsed.kind == CHAT and parses_tool_calls(parsed.body) else None
+    response, _ = await write_generation(request, parsed, tokens, stream, len(prompt_ids), tools=tools)
     return response
 
 

@@ -10,9 +10,11 @@ from aiohttp import web
 
 from proxy.errors import SpeculoosError
 from proxy.wire.errors import end_stream, stream_opened
+from proxy.wire.logprobs import LogprobsWriter
 from proxy.wire.request import CHAT, GenerationRequest
 from proxy.wire.response import SSE_HEADERS, ResponseShape, sse_event, usage
-from proxy.wire.textstream import TextStream
+from proxy.wire.textstream import Delta, TextStream
+from proxy.wire.tools import ToolCallStream, rewrite_body
 
 
 @dataclass
@@ -46,30 +48,39 @@ async def write_generation(
     headers: dict[str, str] | None = None,
     extension: Any = None,
     usage_details: Callable[[], dict[str, int]] | None = None,
+    logprobs: LogprobsWriter | None = None,
+    tools: ToolCallStream | None = None,
 ) -> tuple[web.StreamResponse, GenerationOutcome]:
     """Drive `token_batches` through `stream` and answer in JSON or SSE.
 
     The first batch is awaited before any byte is sent, so an upstream that is down on the first
     round still gets a proper HTTP error; any later failure goes in-band as an error event. `extension`,
     if given, is a callable returning a JSON object added as `speculoos` to the usage chunk or body;
-    `usage_details`, a callable returning the usage's `completion_tokens_details`.
+    `usage_details`, a callable returning the usage's `completion_tokens_details`; `logprobs`, the writer of the
+    emitted tokens' log-probs when the client asked for them (each chunk carries those of its tokens); `tools`,
+    the reader of a chat answer's tool calls when the request's output is parsed for them (tools.py).
     """
     shape = ResponseShape(parsed.kind, parsed.model, include_usage=parsed.stream and parsed.include_usage)
     response: web.StreamResponse | None = None
     try:
         async for batch in token_batches:
+            taken = stream.completion_tokens
             delta = stream.push(batch)
+            if logprobs is not None:  # the tokens the stream took (none past the end)
+                logprobs.add(batch[: stream.completion_tokens - taken])
             if parsed.stream:
                 if response is None:
                     response = await _open_stream(request, shape, headers)
                 if delta.text or delta.finish_reason:
-                    await response.write(sse_event(shape.chunk(delta.text, delta.finish_reason)))
+                    await _write_chunk(response, shape.chunk(delta.text, delta.finish_reason,
+                                                             logprobs=_take(logprobs)), tools, delta)
             if delta.finish_reason:
                 break
         else:
             delta = stream.close()
             if parsed.stream and response is not None:
-                await response.write(sse_event(shape.chunk(delta.text, delta.finish_reason)))
+                await _write_chunk(response, shape.chunk(delta.text, delta.finish_reason, logprobs=_take(logprobs)),
+                                   tools, delta)
     except Exception as exc:
         if response is None or isinstance(exc, ConnectionError):
             raise  # no byte out yet: a real HTTP error; or the client went away
@@ -81,13 +92,15 @@ async def write_generation(
     usage_obj = usage(prompt_tokens, stream.completion_tokens, usage_details() if usage_details else None)
     outcome = GenerationOutcome(stream.text, stream.finish_reason, prompt_tokens, stream.completion_tokens)
     if not parsed.stream:
-        body = shape.full(stream.text, stream.finish_reason, usage_obj)
+        body = shape.full(stream.text, stream.finish_reason, usage_obj, logprobs=_take(logprobs))
+        if tools is not None:  # the text read as content and tool calls
+            rewrite_body(body, stream.text)
         if extension is not None:
             body["speculoos"] = extension()
         return web.json_response(body, headers=headers), outcome
     if response is None:  # the generator produced nothing at all: still a well-formed stream
         response = await _open_stream(request, shape, headers)
-        await response.write(sse_event(shape.chunk("", stream.close().finish_reason)))
+        await response.write(sse_event(shape.chunk("", stream.close().finish_reason, logprobs=_take(logprobs))))
     if parsed.include_usage:
         chunk = shape.usage_chunk(usage_obj)
         if extension is not None:
@@ -95,3 +108,15 @@ async def write_generation(
         await response.write(sse_event(chunk))
     await end_stream(request)
     return response, outcome
+
+
+def _take(logprobs: LogprobsWriter | None) -> dict[str, Any] | None:
+    """The log-probs of the tokens since the last chunk, if the client asked for them."""
+    return logprobs.take() if logprobs is not None else None
+
+
+async def _write_chunk(response: web.StreamResponse, chunk: dict[str, Any], tools: ToolCallStream | None,
+                       delta: Delta) -> None:
+    """Send a chunk; with `tools`, its text read as content and tool calls (held back while it may begin a call)."""
+    if tools is None or tools.rewrite_chunk(chunk, delta.text, delta.finish_reason):
+        await response.write(sse_event(chunk))

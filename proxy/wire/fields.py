@@ -29,7 +29,6 @@ HONOURED = frozenset({
 INERT = frozenset({
     "user", "metadata", "store", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
     "request_id", "rid", "custom_labels",
-    "parallel_tool_calls",  # acts only with tools, which pass through
     "return_token_offsets", "return_mm_kwargs",  # vLLM: read by its render endpoints only
 })
 # Fields that only add to the response (ids, hidden states, server metadata) and never change its text: the proxy's
@@ -45,7 +44,7 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     # OpenAI
     "n": (1,), "best_of": (1,), "echo": (False,), "top_logprobs": (0,), "logit_bias": ({},),
     "presence_penalty": (0,), "frequency_penalty": (0,), "tools": ([],), "functions": ([],),
-    "tool_choice": ("none",), "function_call": ("none",), "response_format": ({"type": "text"},),
+    "tool_choice": ("none", "auto"), "function_call": ("none",), "response_format": ({"type": "text"},),
     "modalities": (["text"],),
     # vLLM and SGLang sampling extensions
     "repetition_penalty": (1,), "repeat_penalty": (1,), "min_tokens": (0,), "stop_token_ids": ([],),
@@ -58,6 +57,9 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "return_hidden_states": (False,), "return_routed_experts": (False,), "return_cached_tokens_details": (False,),
     "return_prompt_token_ids": (False,), "return_meta_info": (False,), "vllm_xargs": ({},),
     "mm_processor_kwargs": ({},), "chat_template_kwargs": ({},), "documents": ([],),
+    # Tools are prompt-shaping (the target renders them) and their calls parsed from the output (tools.py); a forced
+    # choice ("required", a named function) and one call at most (parallel_tool_calls false) are the upstream's.
+    "parallel_tool_calls": (True,),
 }
 NEUTRAL_BY_KIND: dict[str, dict[str, tuple[Any, ...]]] = {
     CHAT: {"logprobs": (False,), "add_generation_prompt": (True,), "continue_final_message": (False,),

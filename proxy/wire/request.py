@@ -15,6 +15,7 @@ from aiohttp import web
 from proxy.errors import BadRequestError, ContextOverflowError
 from proxy.sampling.processors import SamplingParams
 from proxy.wire.fields import CHAT, COMPLETION, PREDICTED_CONTENT, TEXT_PART, unsupported_fields
+from proxy.wire.logprobs import requested_logprobs
 
 LEGACY_DEFAULT_MAX_TOKENS = 16  # /v1/completions default on vLLM and SGLang
 MAX_STOP_STRINGS = 4
@@ -40,6 +41,7 @@ class GenerationRequest:
     unsupported: tuple[str, ...]  # fields, at their values, that only the upstream can honour (fields.py)
     body: dict = field(repr=False)
     prediction: str | None = field(default=None, repr=False)  # Predicted Outputs: the output the client expects
+    logprobs: int | None = None  # top log-probs per token the client asks for (0: the token's own); None: none
 
     @property
     def greedy(self) -> bool:
@@ -177,6 +179,7 @@ def parse_generation_request(body: Any, kind: Literal["chat", "completion"]) -> 
         unsupported=unsupported_fields(body, kind),
         body=body,
         prediction=_prediction(body),
+        logprobs=requested_logprobs(body, kind),
     )
 
 

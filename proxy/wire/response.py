@@ -48,14 +48,15 @@ class ResponseShape:
             body["usage"] = None  # every chunk but the last carries usage: null (OpenAI)
         return body
 
-    def chunk(self, text: str | None, finish_reason: str | None, *, role: bool = False) -> dict[str, Any]:
-        """One streaming chunk."""
+    def chunk(self, text: str | None, finish_reason: str | None, *, role: bool = False,
+              logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One streaming chunk (`logprobs`: its tokens', when the client asked)."""
         if self.kind == CHAT:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {"content": text}
-            choice = {"index": 0, "delta": delta if text is not None or role else {}, "logprobs": None,
+            choice = {"index": 0, "delta": delta if text is not None or role else {}, "logprobs": logprobs,
                       "finish_reason": finish_reason}
             return self._envelope("chat.completion.chunk", [choice])
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
         return self._envelope("text_completion", [choice])
 
     def usage_chunk(self, usage_obj: dict[str, Any]) -> dict[str, Any]:
@@ -64,14 +65,15 @@ class ResponseShape:
         body["usage"] = usage_obj
         return body
 
-    def full(self, text: str, finish_reason: str | None, usage_obj: dict[str, Any]) -> dict[str, Any]:
-        """The non-streaming response body."""
+    def full(self, text: str, finish_reason: str | None, usage_obj: dict[str, Any], *,
+             logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The non-streaming response body (`logprobs`: the completion's, when the client asked)."""
         if self.kind == CHAT:
             message = {"role": "assistant", "content": text}
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
             body = self._envelope("chat.completion", [choice])
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
             body = self._envelope("text_completion", [choice])
         body["usage"] = usage_obj
         return body

@@ -13,7 +13,7 @@ import pytest
 
 from proxy.models import fetch as models
 from tests.e2e.proxy_harness import FIRST_BYTE_S, IDLE_S, ROUTE_KEYED, STALLGEN_FIRST_BYTE_S, route, start_routes_proxy
-from tests.e2e.servers import DRAFT_QWEN, GEMMA, SMOL, TARGET_QWEN, Process, start_proxy, start_verifier, write_routes
+from tests.e2e.servers import DRAFT_QWEN, GEMMA, SMOL, TARGET_QWEN, Process, start_proxy, verifier_fixture, write_routes
 from tests.fakes.faulty_upstream import FakeUpstream, create_app
 from tests.fakes.stale_relay import StaleRelay
 from tests.support import free_port
@@ -31,20 +31,8 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("logs")
 
 
-@pytest.fixture(scope="session")
-def smol_verifier(model_paths: dict[str, Path], log_dir: Path) -> Iterator[Process]:
-    """The verifier serving SmolLM2-135M."""
-    process = start_verifier(SMOL, log_dir)
-    yield process
-    process.stop()
-
-
-@pytest.fixture(scope="session")
-def qwen_verifier(model_paths: dict[str, Path], log_dir: Path) -> Iterator[Process]:
-    """The verifier serving the Qwen2.5-Coder-1.5B target."""
-    process = start_verifier(TARGET_QWEN, log_dir)
-    yield process
-    process.stop()
+smol_verifier = verifier_fixture(SMOL, "The verifier serving SmolLM2-135M.")
+qwen_verifier = verifier_fixture(TARGET_QWEN, "The verifier serving the Qwen2.5-Coder-1.5B target.")
 
 
 @pytest.fixture(scope="session")
@@ -93,20 +81,8 @@ def qwen_proxy(qwen_verifier: Process, log_dir: Path) -> Iterator[Process]:
 # -- the faults proxy (test_proxy_errors.py, test_proxy_transparency.py) ----------------------------
 
 
-@pytest.fixture(scope="module")
-def faults_verifier(model_paths: dict[str, Path], log_dir: Path) -> Iterator[Process]:
-    """The SmolLM2 verifier behind the `faults` proxy."""
-    process = start_verifier(SMOL, log_dir)
-    yield process
-    process.stop()
-
-
-@pytest.fixture(scope="module")
-def doomed_verifier(model_paths: dict[str, Path], log_dir: Path) -> Iterator[Process]:
-    """A verifier that one test kills."""
-    process = start_verifier(SMOL, log_dir)
-    yield process
-    process.stop()
+faults_verifier = verifier_fixture(SMOL, "The SmolLM2 verifier behind the `faults` proxy.", scope="module")
+doomed_verifier = verifier_fixture(SMOL, "A verifier that one test kills.", scope="module")
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,12 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
+
+import pytest
 
 from tests import support as http
 from tests.support import free_port
@@ -72,6 +76,20 @@ def start_verifier(model: str, log_dir: Path, *, ctx: int = 4096, options: tuple
     port = free_port()
     return start_server(["verifier", "--model", model, "--port", str(port), "--threads", THREADS,
                          "--ctx", str(ctx), *options], port, log_dir / f"verifier-{model}-{port}.log", "/health")
+
+
+def verifier_fixture(model: str, doc: str, *, scope: Literal["session", "module"] = "session",
+                     options: tuple[str, ...] = ()) -> Any:
+    """A fixture that starts a verifier for `model` (with `options`) and stops it when `scope` ends; `doc` is its
+    docstring. Bind it to the fixture's name: `smol_verifier = verifier_fixture(SMOL, "...")`."""
+
+    def verifier(model_paths: dict[str, Path], log_dir: Path) -> Iterator[Process]:
+        process = start_verifier(model, log_dir, options=options)
+        yield process
+        process.stop()
+
+    verifier.__doc__ = doc
+    return pytest.fixture(scope=scope)(verifier)
 
 
 def write_routes(path: Path, upstream: str, draft: str | None, *, k: int = 4, extra: str = "",

@@ -2,7 +2,7 @@
 
 A proxy with `server.live: true` drafts by prompt lookup in front of the real SmolLM2 verifier: on a
 prompt it half repeats, lookup drafts are sometimes right and sometimes wrong, so a greedy request
-has accepted, corrected and bonus tokens. The screenshot goes to out/live-page.png.
+has accepted, recovered and bonus tokens. The screenshot goes to out/live-page.png.
 """
 
 from __future__ import annotations
@@ -85,21 +85,21 @@ def test_live_page_shows_tokens_by_origin_and_the_routes(live_proxy: Process, br
     speculative = card(browser, "speculative")
     tokens = speculative.find_elements(By.CSS_SELECTOR, ".text .tok")  # type: ignore[attr-defined]
     origins = {t.get_attribute("data-origin") for t in tokens}
-    assert {"accepted", "corrected"} <= origins, origins
+    assert {"accepted", "recovered"} <= origins, origins
     assert speculative.find_element(By.CSS_SELECTOR, ".text").text == text  # type: ignore[attr-defined]
     colours = {origin: speculative.find_element(  # type: ignore[attr-defined]
-        By.CSS_SELECTOR, f".tok.{origin}").value_of_css_property("background-color") for origin in ("accepted", "corrected")}
+        By.CSS_SELECTOR, f".tok.{origin}").value_of_css_property("background-color") for origin in ("accepted", "recovered")}
     assert len(set(colours.values())) == 2 and "rgba(0, 0, 0, 0)" not in colours.values(), colours
     assert speculative.find_elements(By.CSS_SELECTOR, ".timeline .round")  # type: ignore[attr-defined]
 
     speed = speculative.find_element(By.CSS_SELECTOR, ".speed")  # type: ignore[attr-defined]
     wait.until(lambda d: "vs plain" in speed.text)  # the routes' figures come every second
 
-    corrected = speculative.find_element(By.CSS_SELECTOR, ".tok.corrected")  # type: ignore[attr-defined]
-    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", corrected)
-    ActionChains(browser).move_to_element(corrected).perform()
+    recovered = speculative.find_element(By.CSS_SELECTOR, ".tok.recovered")  # type: ignore[attr-defined]
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", recovered)
+    ActionChains(browser).move_to_element(recovered).perform()
     tip = browser.find_element(By.ID, "tip")
     wait.until(lambda d: tip.is_displayed())
-    assert "corrected by the target" in tip.text and "round " in tip.text
+    assert "recovered from the target" in tip.text and "round " in tip.text
     SCREENSHOT.parent.mkdir(exist_ok=True)
     assert browser.save_screenshot(str(SCREENSHOT))

@@ -56,7 +56,7 @@ def test_honoured_fields_give_the_targets_own_output(smol_proxy: Process, path: 
 
 @pytest.mark.parametrize(("fields", "name"), [
     ({"ignore_eos": True}, "ignore_eos"),
-    ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
+    ({"logprobs": True, "top_logprobs": 2, "temperature": 0.7}, "log-probs beyond the route's top-N"),
     ({"min_tokens": 5}, "min_tokens"),
 ])
 def test_other_fields_pass_through_by_name(smol_proxy: Process, fields: dict[str, Any], name: str) -> None:

@@ -66,12 +66,13 @@ async def test_a_drafts_speed_leaves_out_reading_the_context(model_paths: dict[s
     drafter = LlamaDrafter.load(EngineOptions(model_paths[SMOL], n_ctx=512, n_threads=int(THREADS), n_seq=1))
     try:
         context = drafter.vocabulary.tokenize(" ".join(PROMPTS) * 8)  # unread: the first step reads it all
-        session = Session("req", "route", context, 32, SamplingParams(temperature=0.0),
-                          SamplerOrder.TRUNCATE_THEN_TEMPERATURE, 5, PinnedPolicy(2), RequestRandom.from_seed(1),
-                          Publisher())
+        policy = PinnedPolicy(2)
+        session = Session(request_id="req", route="route", prompt_ids=context, max_tokens=32,
+                          params=SamplingParams(temperature=0.0), order=SamplerOrder.TRUNCATE_THEN_TEMPERATURE,
+                          top_n=5, policy=policy, random=RequestRandom.from_seed(1), publish=Publisher())
         assert drafter.reserve("req", context)
         started = time.perf_counter()
-        draft = await drafter.propose(context, session.draft_plan(2, 2))
+        draft = await drafter.propose(context, session.draft_plan(2, 2, policy.decide()))
         wall = time.perf_counter() - started
         # Reading ~200 tokens costs several single-token steps: counted as drafting, it would make up most of
         # the wall time per token.
@@ -109,16 +110,20 @@ async def test_a_missed_draft_ahead_leaves_nothing_in_the_requests_sequence(mode
     drafter = LlamaDrafter.load(EngineOptions(model_paths[SMOL], n_ctx=512, n_threads=int(THREADS), n_seq=1))
     try:
         context = drafter.vocabulary.tokenize(PROMPTS[1])
-        session = Session("req", "route", context, 32, SamplingParams(temperature=0.0), SamplerOrder.TRUNCATE_THEN_TEMPERATURE, 5,
-                          PinnedPolicy(4), RequestRandom.from_seed(1), Publisher())
+        policy = PinnedPolicy(4)
+        session = Session(request_id="req", route="route", prompt_ids=context, max_tokens=32,
+                          params=SamplingParams(temperature=0.0), order=SamplerOrder.TRUNCATE_THEN_TEMPERATURE,
+                          top_n=5, policy=policy, random=RequestRandom.from_seed(1), publish=Publisher())
+        decision = policy.decide()
         assert drafter.reserve("req", context)
-        draft = await drafter.propose(context, session.draft_plan(4, 4))
-        pre_draft = DraftAhead(drafter, [*context, *draft.tokens], session.draft_plan(1, 1), session.draft_plan(4, 4))
+        draft = await drafter.propose(context, session.draft_plan(4, 4, decision))
+        pre_draft = DraftAhead(drafter, [*context, *draft.tokens], session.draft_plan(1, 1, decision),
+                               session.draft_plan(4, 4, decision))
         assert not await pre_draft.guessed(-1)  # the target said something else: a miss
-        corrected = [*context, draft.tokens[0], (draft.tokens[1] + 1) % drafter.vocabulary.n_vocab]
-        again = await drafter.propose(corrected, session.draft_plan(4, 4))
+        recovered = [*context, draft.tokens[0], (draft.tokens[1] + 1) % drafter.vocabulary.n_vocab]
+        again = await drafter.propose(recovered, session.draft_plan(4, 4, decision))
         held = drafter._engine.held(0)
-        assert held == [*corrected, *again.tokens[:-1]]  # the accepted prefix and the new draft only
+        assert held == [*recovered, *again.tokens[:-1]]  # the accepted prefix and the new draft only
         drafter.release("req")
     finally:
         drafter.close()

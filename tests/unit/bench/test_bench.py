@@ -15,15 +15,10 @@ from proxy.bench.stats import (
     Spread,
     identity_check,
     pinned_k,
-    predicted_rate,
-    predicted_speedup,
     spread,
     summarise,
-    traced_rate,
 )
 from proxy.bench.workloads import MIN_PROMPTS, WorkloadError, builtin_names, load, parse_workload
-from proxy.config.schema import FallbackConfig
-from proxy.control.route import RouteController
 from tests.support import free_port
 
 # -- statistics -----------------------------------------------------------------------------------
@@ -38,44 +33,6 @@ from tests.support import free_port
 ])
 def test_spread(values: list, expected: Spread | None) -> None:
     assert spread(values) == expected
-
-
-@pytest.mark.parametrize(("alpha", "k", "draft", "verify", "plain_rate", "share", "expected"), [
-    (0.5, 2, 0.01, 0.05, 20.0, 1.0, 1.25),  # E = 1.75 tokens per 0.07 s = 25 tok/s
-    (1.0, 4, 0.0, 0.1, 10.0, 1.0, 5.0),  # every draft accepted: k + 1 tokens per round
-    (0.0, 3, 0.01, 0.05, 20.0, 1.0, 12.5 / 20.0),  # nothing accepted: one token per round
-    (0.5, 2, 0.01, 0.05, 20.0, 0.5, 1.0 / (0.5 / 25.0 + 0.5 / 20.0) / 20.0),  # half the tokens plain
-    (0.5, 2, 0.01, 0.05, 20.0, 0.0, 1.0),
-])
-def test_predicted_speedup(alpha: float, k: int, draft: float, verify: float, plain_rate: float, share: float,
-                           expected: float) -> None:
-    costs = Costs(draft, {k: verify}, None)
-    assert predicted_speedup(alpha, k, costs, plain_rate, share) == pytest.approx(expected)
-
-
-def test_prediction_matches_the_controllers_rate_through_the_status_json() -> None:
-    controller = RouteController(FallbackConfig(), configured_k=2)
-    controller.costs.record_round(2, 1, draft_seconds=0.02, verify_seconds=0.05)
-    controller.costs.record_round(4, 3, draft_seconds=0.04, verify_seconds=0.09)
-    costs = Costs.from_status(json.loads(json.dumps(controller.status())))  # K keys become strings
-    assert costs.verify_seconds_by_k == {2: pytest.approx(0.05), 4: pytest.approx(0.09)}
-    alpha = controller.costs.alpha.value
-    for k in (2, 4):
-        assert predicted_rate(alpha, k, costs.draft_seconds_per_token, costs.verify_seconds(k)) == \
-            pytest.approx(controller.costs.speculative_rate(k, alpha))
-
-
-@pytest.mark.parametrize(("measured", "k", "expected"), [
-    ({1: 0.1, 3: 0.3}, 3, 0.3),
-    ({1: 0.1, 3: 0.3}, 2, 0.2),  # a line through the measured K
-    ({1: 0.1, 3: 0.3}, 2.5, 0.25),  # auto mode's mean K
-    ({1: 0.1, 2: 0.2, 3: 0.3, 8: 5.0}, 2.5, 0.25),  # between neighbours: a slow outlier far away does not count
-    ({1: 0.1, 2: 0.2}, 4, 0.4),  # beyond the measured K: along the line
-    ({2: 0.2}, 4, None),  # one point cannot tell a flat cost from a steep one
-    ({}, 1, None),
-])
-def test_verify_seconds(measured: dict, k: float, expected: float | None) -> None:
-    assert Costs(0.01, measured, None).verify_seconds(k) == (pytest.approx(expected) if expected else None)
 
 
 def sample(mode: str, *, workload: str = "w", prompt: int = 0, repetition: int = 0, text: str = "same",
@@ -193,8 +150,33 @@ def test_parse_modes_rejects(text: str, message: str) -> None:
 def test_request_body_carries_the_mode(mode: str, field: dict | None) -> None:
     endpoints = runner.Endpoints("http://direct", "http://proxy", "m", None, 1.0)
     prompt = load("code_completion").prompts[0]
-    url, body = runner.request_for(endpoints, prompt, runner.parse_modes(mode)[0], 8)
+    url, body, _ = runner.request_for(endpoints, prompt, runner.parse_modes(mode)[0], 8)
     assert url.startswith("http://proxy/") and body.get("speculoos") == field
+
+
+def test_each_workload_mode_and_repetition_drafts_from_a_history_of_its_own() -> None:
+    """The proxy keys its output history by API key: a key per scope keeps one mode's answers from drafting
+    for another's requests, or for a later repetition's."""
+    workloads = [load("code_completion"), load("code_editing")]
+    modes = runner.parse_modes("auto,k=4,off")
+    jobs = runner.schedule(workloads, prompts=2, repeat=2, modes=modes)
+    by_name = {m.name: m for m in modes}
+    endpoints = runner.Endpoints("http://direct", "http://proxy", "m", None, 1.0, run="r1")
+
+    def key(job: runner.Job, run: runner.Endpoints = endpoints) -> str | None:
+        prompt = job.workload.prompts[job.prompt]
+        return runner.request_for(run, prompt, by_name.get(job.target), None, runner.scope_of(job))[2].get(
+            "Authorization")
+
+    proxied = [j for j in jobs if j.target != "direct"]
+    keys = {(j.workload.name, j.target, j.repetition): key(j) for j in proxied}
+    assert len(set(keys.values())) == len(keys) == 2 * 3 * 2  # workloads × modes × repetitions
+    assert all(key(j) == keys[(j.workload.name, j.target, j.repetition)] for j in proxied)  # prompts share one
+    assert all(key(j) is None for j in jobs if j.target == "direct")  # the upstream gets no key from the bench
+    other_run = runner.Endpoints("http://direct", "http://proxy", "m", None, 1.0, run="r2")
+    assert not {key(j, other_run) for j in proxied} & set(keys.values())
+    warm_up = runner.request_for(endpoints, runner.warm_up_prompt(workloads[0]), modes[0], 4)[2]["Authorization"]
+    assert warm_up not in keys.values()
 
 
 @pytest.mark.parametrize("name", builtin_names())
@@ -316,13 +298,3 @@ def test_unreachable_url_is_one_line_and_exit_1(capsys: pytest.CaptureFixture) -
     error = capsys.readouterr().err
     assert error.startswith(f"speculoos bench: cannot reach the upstream (--direct) at {url}/v1/models")
     assert error.count("\n") == 1
-
-
-def test_traced_rate_replays_each_round_at_its_own_k() -> None:
-    costs = Costs(0.02, {1: 0.1, 16: 0.4}, None)
-    lookup_only = {"round_trace": [[16, 16], [1, 0]], "plain_tokens": 4, "drafts": {"lookup": {"drafted": 17}}}
-    assert traced_rate([lookup_only], costs, plain_rate=10.0) == pytest.approx(22 / 0.9)
-    with_model = {**lookup_only, "drafts": {"model": {"drafted": 5}}}
-    assert traced_rate([with_model], costs, plain_rate=10.0) == pytest.approx(22 / (0.9 + 5 * 0.02))
-    assert traced_rate([{"round_trace": []}], costs, plain_rate=10.0) is None
-    assert traced_rate([lookup_only], Costs(None, {4: 0.2}, None), plain_rate=10.0) is None  # one K: no line

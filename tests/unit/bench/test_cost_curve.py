@@ -15,11 +15,16 @@ CURVE = {"format": simulate.CURVE_FORMAT, "device": "a GPU", "plain_ms": 20.0, "
 MODEL = simulate.measured_cost_model(CURVE, "curve.json", rtt_ms=5.0)
 
 
+def line(k: float) -> float:
+    """The least-squares line through the curve's four points: their mean (3.25, 25.25), slope 76.75 / 38.75."""
+    return 25.25 + 76.75 / 38.75 * (k - 3.25)
+
+
 @pytest.mark.parametrize(("drafted", "expected"), [
     (0, 20.0), (1, 21.0), (4, 24.0), (8, 36.0),  # measured
     (2, 22.0), (2.5, 22.5), (6, 30.0),  # between the measured K around it
-    (17, 36.0 * 18 / 9),  # beyond the last: its cost per evaluated token
-    (-1, 20.0),  # below the first: the first
+    (17, line(17)),  # beyond the measured K: the line through them, as the controller extends its measurements
+    (-1, line(-1)),
 ])
 def test_verification_cost_follows_the_curve(drafted: float, expected: float) -> None:
     assert MODEL.verify_ms(drafted) == pytest.approx(expected)

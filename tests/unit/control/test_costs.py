@@ -1,4 +1,4 @@
-"""The route's measurements: expected tokens, EWMAs, the verification-cost fit, predicted rates."""
+"""The route's measurements: EWMAs, what they predict through the cost model, and assumed costs."""
 
 from __future__ import annotations
 
@@ -6,21 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from proxy.config.schema import AssumedCostsConfig, FallbackConfig
-from proxy.control.costs import AssumedCosts, Ewma, RouteCosts, expected_tokens, round_seconds, survival
+from proxy.config.speculation import AssumedCostsConfig, FallbackConfig
+from proxy.control.cost_model import expected_tokens
+from proxy.control.costs import AssumedCosts, Ewma, RouteCosts
 from proxy.control.policy import choose_k
 from proxy.decode.events import PlainEvent, ReadEvent, RoundEvent
-
-
-@pytest.mark.parametrize(("alpha", "k", "expected"), [
-    (0.0, 4, 1.0),  # every draft rejected: only the target's token
-    (1.0, 4, 5.0),  # all accepted plus the bonus
-    (0.5, 1, 1.5),
-    (0.5, 3, 1.875),  # (1 - 0.5^4) / 0.5
-    (0.8, 4, (1 - 0.8**5) / 0.2),
-])
-def test_expected_tokens_per_round(alpha: float, k: int, expected: float) -> None:
-    assert expected_tokens(alpha, k) == pytest.approx(expected)
 
 
 def feed_rounds(costs: RouteCosts, k: int, accepted: int, draft_s: float, verify_s: float, n: int = 10) -> None:
@@ -117,22 +107,6 @@ def test_speculative_rate_uses_the_given_alpha_or_the_routes_survival() -> None:
     assert costs.speculative_rate(4, alpha=0.5) == pytest.approx(expected_tokens(0.5, 4) / 0.1)
     assert costs.speculative_rate(4, alpha=1.0) == pytest.approx(5 / 0.1)
     assert costs.speculative_rate(4, curve=[0.9, 0.8, 0.7, 0.6]) == pytest.approx(4.0 / 0.1)
-
-
-def test_survival_is_measured_where_known_and_never_rises() -> None:
-    assert survival(0.5, [0.9, 0.8, None, 0.95], 6) == pytest.approx([0.9, 0.8, 0.4, 0.4, 0.2, 0.1])
-
-
-@pytest.mark.parametrize(("hit", "draft_s", "verify_s", "expected"), [
-    (0.0, 0.05, 0.30, 4 * 0.05 + 0.30),  # never a hit: the drafting is never hidden
-    (1.0, 0.05, 0.30, 0.30),  # always a hit, and 5 draft steps fit within the verification
-    (1.0, 0.10, 0.30, 0.30 + (5 * 0.10 - 0.30)),  # always a hit, but the drafting outlasts it
-    (0.4, 0.05, 0.30, 0.30 + 0.6 * 4 * 0.05),
-])
-def test_a_pipelined_round_hides_the_drafting_on_hits(hit: float, draft_s: float, verify_s: float,
-                                                      expected: float) -> None:
-    assert round_seconds(4, hit, draft_s, verify_s, pipelined=True) == pytest.approx(expected)
-    assert round_seconds(4, hit, draft_s, verify_s, pipelined=False) == pytest.approx(4 * draft_s + verify_s)
 
 
 def test_the_hit_rate_is_the_survival_of_all_k_times_the_guess() -> None:

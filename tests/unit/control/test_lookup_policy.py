@@ -7,7 +7,7 @@ import pytest
 from proxy.config.schema import AssumedCostsConfig, FallbackConfig
 from proxy.control.costs import AssumedCosts, RouteCosts
 from proxy.control.lookup import MAX_PLAIN_CHUNK, MIN_PLAIN_CHUNK, lookup_length, plain_chunk_size
-from proxy.control.policy import Decision, RequestPolicy
+from proxy.control.policy import Choice, RequestPolicy
 from proxy.decode.events import PlainEvent, RoundEvent
 
 
@@ -68,27 +68,34 @@ def lookup_round(drafted: int, accepted: int) -> RoundEvent:
                       source="lookup")
 
 
+def trimmed(policy: RequestPolicy, probs: list[float]) -> int:
+    """The worthwhile prefix of a lookup path, in a round decided as the round loop decides it."""
+    decision = policy.decide()
+    policy.commit()
+    return policy.lookup_length(probs, decision)
+
+
 def test_a_request_learns_how_far_its_lookup_paths_hold() -> None:
     costs = measured(CPU)
-    policy = RequestPolicy(costs, FallbackConfig(), 4, start=Decision(4, "configured"))
+    policy = RequestPolicy(costs, FallbackConfig(), 4, start=Choice(4, "configured"))
     sure = [1.0] * 16
-    assert policy.lookup_length(sure) == 16
+    assert trimmed(policy, sure) == 16
     for _ in range(6):  # every path broke after its second token
         policy.observe(lookup_round(16, 2))
-    assert policy.lookup_length(sure) == 2  # verifying further costs more than it is expected to emit
+    assert trimmed(policy, sure) == 2  # verifying further costs more than it is expected to emit
     assert policy.lookup.survival(4) == pytest.approx([1.0, 1.0, 2 / 8, 2 / 8], abs=0.1)
     assert (policy.lookup.lookups, policy.lookup.hits) == (6, 6)
 
 
 def test_declined_paths_are_checked_against_what_the_target_produced() -> None:
-    policy = RequestPolicy(measured(CPU), FallbackConfig(), 4, start=Decision(4, "configured"))
+    policy = RequestPolicy(measured(CPU), FallbackConfig(), 4, start=Choice(4, "configured"))
     for _ in range(6):
         policy.observe(lookup_round(16, 0))
-    assert policy.lookup_length([1.0] * 16) == 0  # declined: slower than plain decoding at these odds
+    assert trimmed(policy, [1.0] * 16) == 0  # declined: slower than plain decoding at these odds
     path = tuple(range(16))
     for _ in range(8):  # the declined paths were right after all: the chunks the target decoded say so
         policy.observe(PlainEvent("r", "route", path[:8], 0.6, lookup_missed=True, declined=path))
-    assert policy.lookup_length([1.0] * 16) > 0
+    assert trimmed(policy, [1.0] * 16) > 0
     wrong = PlainEvent("r", "route", (9, 9, 9, 9), 0.3, lookup_missed=True, declined=(1, 2, 3))
     hits = policy.lookup.hits
     policy.observe(wrong)

@@ -9,8 +9,9 @@ import pytest
 
 from proxy.config.schema import FallbackConfig
 from proxy.control.costs import Calibration
-from proxy.control.policy import MIN_ROUNDS_BEFORE_SWITCH, Decision
+from proxy.control.policy import MIN_ROUNDS_BEFORE_SWITCH, Choice
 from proxy.control.route import ALPHA_NOT_MEASURED, ROUTE_ROUNDS_TO_JUDGE, RouteController
+from proxy.decode.decision import Read, Speculate, model_k
 from tests.unit.control.test_costs import feed_rounds, round_event
 
 
@@ -75,7 +76,7 @@ def test_status_is_json_friendly() -> None:
 
 def test_a_route_that_looks_up_lets_every_request_decide_per_round() -> None:
     controller = RouteController(FallbackConfig(), configured_k=4, looks_up=True)
-    controller.current = Decision(0, "speculation predicted 5 tok/s at k=1 vs 7 tok/s plain")
+    controller.current = Choice(0, "speculation predicted 5 tok/s at k=1 vs 7 tok/s plain")
     speculate, why = controller.start_request()
     assert speculate and "per round" in why and "7 tok/s plain" in why
     assert controller.status()["mode"] == "speculative"
@@ -83,19 +84,19 @@ def test_a_route_that_looks_up_lets_every_request_decide_per_round() -> None:
 
 def test_a_route_that_looks_up_explores_a_model_it_turned_off_only_at_probes() -> None:
     controller = RouteController(FallbackConfig(probe_every_requests=3), configured_k=4, looks_up=True)
-    controller.current = Decision(0, "speculation predicted 5 tok/s at k=1 vs 7 tok/s plain")
+    controller.current = Choice(0, "speculation predicted 5 tok/s at k=1 vs 7 tok/s plain")
     controller.costs.record_plain(tokens=70, seconds=10.0)
-    ks = [controller.policy().next_k().k for _ in range(6)]
+    ks = [model_k(controller.policy().decide()) for _ in range(6)]
     assert ks == [0, 0, 4, 0, 0, 4]  # every third request tries the model again
 
 
 def test_a_route_that_looks_up_has_a_model_it_turned_off_read_along_only_at_probes() -> None:
     controller = RouteController(FallbackConfig(probe_every_requests=3), configured_k=4, looks_up=True)
-    controller.current = Decision(0, "speculation predicted 5 tok/s at k=1 vs 7 tok/s plain")
+    controller.current = Choice(0, "speculation predicted 5 tok/s at k=1 vs 7 tok/s plain")
     controller.costs.record_plain(tokens=70, seconds=10.0)
     policies = [controller.policy(reads_along=True) for _ in range(3)]
     assert [p.model_may_pay() for p in policies] == [False, False, True]  # reading is exploring: the probe reads
-    assert [p.next_k().reading for p in policies] == [False, False, True]
+    assert [isinstance(p.decide(), Read) for p in policies] == [False, False, True]
 
 
 @pytest.mark.parametrize(("accepted", "wait_s", "rounds", "reason"), [
@@ -129,7 +130,7 @@ def test_a_route_decides_from_its_calibration_before_any_request() -> None:
         assert (c.current.k == 0) == off, c.current
         assert ("even accepting every draft" in c.current.reason) == off
         if not off:  # no prior α decides: the first request explores at the configured k
-            assert c.current == Decision(4, ALPHA_NOT_MEASURED)
+            assert c.current == Choice(4, ALPHA_NOT_MEASURED)
         assert json.loads(json.dumps(c.status()))["calibration"]["context"] == 64
 
 
@@ -138,7 +139,7 @@ def test_a_forced_request_drafts_at_the_configured_k_and_verifies_lookup_paths_i
     c.calibrated(Calibration(64, 0.05, ((1, 0.5), (4, 0.5)), 0.05))  # the costs say plain decoding wins
     policy = c.policy(forced=True)
     for index in range(6):
-        assert policy.next_k().k == 4
+        assert policy.decide() == Speculate(4, "k=4: speculation forced by the client")
         policy.observe(round_event(index, 4, 0))
-    assert policy.lookup_length([0.9] * 32) == 32
+    assert policy.lookup_length([0.9] * 32, policy.decide()) == 32
     assert policy.model_may_pay()

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import chisquare
 
-from proxy.control.policy import Decision, PinnedPolicy
+from proxy.control.policy import PinnedPolicy
+from proxy.decode.decision import Decision, Plain, Speculate
 from proxy.decode.events import Event, Publisher, RoundEvent
 from proxy.decode.loop import speculative_tokens
 from proxy.decode.session import RequestRandom, Session
@@ -80,8 +81,8 @@ class SwitchAfter(PinnedPolicy):
         super().__init__(k)
         self.k, self.rounds, self.seen = k, rounds, 0
 
-    def next_k(self) -> Decision:
-        return Decision(self.k if self.seen < self.rounds else 0, "scripted switch")
+    def decide(self) -> Decision:
+        return Speculate(self.k, "scripted") if self.seen < self.rounds else Plain("scripted switch")
 
     def observe(self, event: Event) -> None:
         self.seen += isinstance(event, RoundEvent)
@@ -93,9 +94,10 @@ async def run(served: Served, drafter: Drafter, max_tokens: int, *, k: int = 4, 
               target: Target | None = None) -> tuple[list[list[int]], list[Event]]:
     events: list[Event] = []
     policy = policy or PinnedPolicy(k)
-    session = Session("req", "route", PROMPT, max_tokens, params, served.target.order, TOP_N, policy,
-                      RequestRandom.from_seed(seed), Publisher([policy.observe, events.append]), lookup_k=lookup_k,
-                      pipeline=pipeline, warm_up=warm_up)
+    session = Session(request_id="req", route="route", prompt_ids=PROMPT, max_tokens=max_tokens, params=params,
+                      order=served.target.order, top_n=TOP_N, policy=policy, random=RequestRandom.from_seed(seed),
+                      publish=Publisher([policy.observe, events.append]), lookup_k=lookup_k, pipeline=pipeline,
+                      warm_up=warm_up)
     batches = [batch async for batch in speculative_tokens(session, drafter, target or served.target)]
     return batches, events
 

@@ -7,17 +7,14 @@ chi-square of the tokens emitted after pre-drafted rounds, with a negative contr
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 
-import numpy as np
 import pytest
 
-from proxy.decode import ahead
 from proxy.drafting.base import Draft, DraftPlan
 from proxy.sampling.processors import SamplingParams
 from tests.fakes.drafter import ScriptedDrafter, ToyDrafter
 from tests.fakes.toy_model import ToyModel
-from tests.unit.decode.harness import PROMPT, EmittedTokens, Served, follow, rounds, run
+from tests.unit.decode.harness import PROMPT, Served, follow, rounds, run
 
 GUESS = 1  # the drafter is asked for one token: its guess of the target's own next token
 
@@ -123,47 +120,3 @@ async def test_a_seeded_pipelined_request_reproduces(served: Served) -> None:
     other, _ = await run(served, drafter, 24, k=1, params=params, seed=43, pipeline=True)
     assert sum(first, []) == sum(again, []) != sum(other, [])
     assert any(e.drafted_ahead for e in rounds(events))
-
-
-# Seeded chi-square of the tokens that rounds drafted ahead emitted. Given its context, each such
-# token must follow the target's distribution for that context, whatever led to the hit; so each
-# one adds its context's target distribution to the expected counts.
-
-CHI_PARAMS = SamplingParams(temperature=1.0, top_k=5)
-CHI_TOKENS = 6
-CHI_REQUESTS = 1500
-SIGNIFICANCE = 1e-3
-
-
-async def pre_drafted_pvalue(served: Served) -> tuple[float, int]:
-    """The chi-square p-value of the tokens emitted by pre-drafted rounds over seeded requests, and their count."""
-    drafter = near_draft(served.model)
-    tokens = EmittedTokens(served, CHI_PARAMS)
-    for seed in range(CHI_REQUESTS):
-        batches, events = await run(served, drafter, CHI_TOKENS, k=1, params=CHI_PARAMS, seed=seed, pipeline=True)
-        tokens.add(batches, events, lambda event: event.drafted_ahead)
-    return tokens.pvalue()
-
-
-@pytest.mark.parametrize("protocol", ["vllm"])
-async def test_tokens_of_pre_drafted_rounds_follow_the_target_distribution(served: Served) -> None:
-    pvalue, tokens = await pre_drafted_pvalue(served)
-    print(f"chi-square p = {pvalue:.4f} over {tokens} tokens of pre-drafted rounds")
-    assert tokens >= 1000
-    assert pvalue >= SIGNIFICANCE
-
-
-@pytest.mark.parametrize("protocol", ["vllm"])
-async def test_pre_drafted_tokens_with_the_wrong_distribution_fail_the_same_test(served: Served,
-                                                                                 monkeypatch) -> None:
-    """Negative control: hits whose draft claims a distribution it was not drawn from (uniform) are caught."""
-    pre_drafted = ahead.DraftAhead.draft
-
-    async def wrong_rows(self):
-        draft = await pre_drafted(self)
-        return None if draft is None else replace(draft, probs=np.full_like(draft.probs, 1.0 / draft.probs.shape[1]))
-
-    monkeypatch.setattr(ahead.DraftAhead, "draft", wrong_rows)
-    pvalue, tokens = await pre_drafted_pvalue(served)
-    print(f"negative control: chi-square p = {pvalue:.2e} over {tokens} tokens")
-    assert pvalue < SIGNIFICANCE**2

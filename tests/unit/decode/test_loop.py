@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.control.policy import Decision, PinnedPolicy
+from proxy.control.policy import PinnedPolicy
+from proxy.decode.decision import Decision, Measure, Speculate
 from proxy.decode.events import PlainEvent, SwitchEvent
 from proxy.decode.loop import FIRST_CHUNK
 from proxy.decode.plain import PLAIN_CHUNK
@@ -161,13 +162,13 @@ class MeasureOnce(PinnedPolicy):
 
     def __init__(self, k: int) -> None:
         super().__init__(k)
-        self.k, self.asked = k, 0
+        self.k, self.committed = k, 0
 
-    def next_k(self) -> Decision:
-        self.asked += 1
-        if self.asked == 2:
-            return Decision(0, "measuring", measure_plain=True)
-        return Decision(self.k, "scripted")
+    def decide(self) -> Decision:
+        return Measure("measuring") if self.committed == 1 else Speculate(self.k, "scripted")
+
+    def commit(self) -> None:
+        self.committed += 1
 
 
 async def test_a_plain_chunk_to_measure_the_plain_rate_does_not_end_speculation(served: Served) -> None:

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 from proxy.config.schema import FallbackConfig
 from proxy.control.costs import RouteCosts
-from proxy.control.policy import Decision, PinnedPolicy, RequestPolicy
+from proxy.control.policy import Choice, PinnedPolicy, RequestPolicy
+from proxy.decode.decision import Decision, Plain, Speculate
 from proxy.decode.events import PlainEvent, ReadEvent, SwitchEvent
 from proxy.decode.loop import FIRST_CHUNK, START_CHUNK
 from proxy.decode.plain import PLAIN_CHUNK
@@ -148,9 +149,11 @@ class PlainThenDraft(PinnedPolicy):
         super().__init__(k)
         self.k, self.plain = k, plain
 
-    def next_k(self) -> Decision:
+    def decide(self) -> Decision:
+        return Plain("scripted") if self.plain > 0 else Speculate(self.k, "scripted")
+
+    def commit(self) -> None:
         self.plain -= 1
-        return Decision(0 if self.plain >= 0 else self.k, "scripted")
 
 
 async def test_a_greedy_request_that_reads_along_goes_back_to_drafting(served: Served) -> None:
@@ -175,7 +178,7 @@ async def test_a_sampled_request_switches_for_good(served: Served) -> None:
 async def test_on_a_fresh_route_a_greedy_request_measures_plain_decoding_then_reads_two_chunks(served: Served) -> None:
     drafter = SlowReader(served.model)
     drafter.done_reading.set()
-    policy = RequestPolicy(RouteCosts(0.1, 4), FallbackConfig(k_min=4, k_max=4), 4, Decision(4, "not measured"),
+    policy = RequestPolicy(RouteCosts(0.1, 4), FallbackConfig(k_min=4, k_max=4), 4, Choice(4, "not measured"),
                            reads_along=True)
     batches, events = await run(served, drafter, 60, policy=policy, warm_up=True)
     assert sum(batches, []) == served.model.greedy(PROMPT, 60)
@@ -196,8 +199,8 @@ class GivesUpAfter(PinnedPolicy):
         super().__init__(4)
         self.chunks = chunks
 
-    def next_k(self) -> Decision:
-        return Decision(0, "scripted")
+    def decide(self) -> Decision:
+        return Plain("scripted")
 
     def observe(self, event) -> None:
         self.chunks -= isinstance(event, PlainEvent)

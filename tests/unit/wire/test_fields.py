@@ -68,7 +68,7 @@ SAMPLE: dict[str, Any] = {
     "prompt_cache_key": "k", "prompt_cache_options": {"ttl": "1h"}, "prompt_cache_retention": "24h",
     "reasoning_effort": "low", "response_format": {"type": "json_object"}, "safety_identifier": "s",
     "seed": 7, "service_tier": "flex", "stop": ["\n"], "store": True, "stream": True,
-    "stream_options": {"include_usage": True}, "temperature": 0, "tool_choice": "auto",
+    "stream_options": {"include_usage": True}, "temperature": 0, "tool_choice": "required",
     "tools": [{"type": "function", "function": {"name": "f"}}], "top_logprobs": 2, "top_p": 0.5, "user": "u",
     "verbosity": "low", "web_search_options": {}, "best_of": 2, "echo": True, "suffix": "}",
     "use_beam_search": True, "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1, "watermarking": True,
@@ -101,12 +101,13 @@ COMPLETION_SAMPLE = {"logprobs": 0, "add_special_tokens": False}  # completions'
 SPECULATES = {"messages", "model", "prompt", "max_completion_tokens", "max_tokens", "seed", "stop", "stream",
               "stream_options", "temperature", "top_p", "top_k", "min_p", "user", "metadata", "store",
               "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "request_id", "rid", "custom_labels",
-              "parallel_tool_calls", "return_token_offsets", "return_mm_kwargs", "prediction"}
+              "return_token_offsets", "return_mm_kwargs", "prediction",
+              "logprobs"}  # chat's true and completions' 0: answered from the verification answers
 # Prompt fields the target's tokenize renders as its chat endpoint does (prompt_ids in targets/).
 TEMPLATED = {("vllm", CHAT): {"add_generation_prompt", "continue_final_message", "add_special_tokens",
-                              "chat_template", "chat_template_kwargs"},
+                              "chat_template", "chat_template_kwargs", "tools"},
              ("vllm", COMPLETION): {"add_special_tokens"},
-             ("sglang", CHAT): {"continue_final_message", "chat_template_kwargs", "reasoning_effort"},
+             ("sglang", CHAT): {"continue_final_message", "chat_template_kwargs", "reasoning_effort", "tools"},
              ("sglang", COMPLETION): set()}
 TARGETS = ("vllm", "sglang")
 
@@ -171,6 +172,8 @@ NEUTRAL_CASES = [
     ("stop_token_ids empty", CHAT, {"stop_token_ids": []}), ("min_tokens 0", CHAT, {"min_tokens": 0}),
     ("presence_penalty 0.0", CHAT, {"presence_penalty": 0.0}), ("repetition_penalty 1.0", CHAT, {"repetition_penalty": 1.0}),
     ("tool_choice none", CHAT, {"tool_choice": "none"}), ("tools empty", CHAT, {"tools": []}),
+    ("tools, auto", CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"}),
+    ("parallel_tool_calls true", CHAT, {"parallel_tool_calls": True}),
     ("response_format text", CHAT, {"response_format": {"type": "text"}}), ("unknown null", CHAT, {"frobnicate": None}),
     ("lora_path null", CHAT, {"lora_path": None}), ("usage off", CHAT, {"stream": True, "stream_options": {}}),
     ("continuous usage off", CHAT, {"stream": True, "stream_options": {"continuous_usage_stats": False}}),
@@ -183,7 +186,9 @@ NEUTRAL_CASES = [
 ]
 PASSING_CASES = [
     # (id, kind, fields, name in the reason): values that the output depends on
-    ("completions logprobs 0 is not unset", COMPLETION, {"logprobs": 0}, "logprobs"),
+    ("completions logprobs beyond the route's top-N", COMPLETION, {"logprobs": 21}, "beyond the route's top-N"),
+    ("chat top_logprobs above OpenAI's 20", CHAT, {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("chat top_logprobs without logprobs", CHAT, {"top_logprobs": 2}, "top_logprobs"),
     ("completions logprobs false is 0", COMPLETION, {"logprobs": False}, "logprobs"),
     ("chat logprobs 0 is not false", CHAT, {"logprobs": 0}, "logprobs"),
     ("n 1.0 is not the integer", COMPLETION, {"n": 2}, "n"),
@@ -197,7 +202,10 @@ PASSING_CASES = [
     ("an image", CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "image_url"),
     ("a part that is not an object", CHAT, {"messages": [{"role": "user", "content": ["hi"]}]}, "messages content"),
-    ("several, sorted", CHAT, {"tools": [{}], "n": 3, "logit_bias": {"1": 1}}, "logit_bias, n, tools"),
+    ("several, sorted", CHAT, {"tool_choice": "required", "n": 3, "logit_bias": {"1": 1}},
+     "logit_bias, n, tool_choice"),
+    ("a named tool", CHAT, {"tools": [{}], "tool_choice": {"type": "function", "function": {"name": "f"}}},
+     "tool_choice"),
     ("a prediction of another type", CHAT, {"prediction": {"type": "diff", "content": "x"}}, "prediction"),
 ]
 
@@ -216,12 +224,13 @@ async def test_other_values_pass_through_by_name(targets: dict, target: str, kin
     assert reason is not None and name in reason, reason
 
 
-async def test_our_verifier_renders_no_prompt_fields(targets: dict) -> None:
+async def test_our_verifier_renders_no_prompt_fields_but_tools(targets: dict) -> None:
     """Behind the SGLang protocol, the speculoos verifier's tokenize ignores chat template settings."""
     target = SGLangTarget(targets["sglang"].upstream)
-    assert target.prompt_fields(CHAT) == {"continue_final_message", "chat_template_kwargs", "reasoning_effort"}
+    assert target.prompt_fields(CHAT) == {"continue_final_message", "chat_template_kwargs", "reasoning_effort",
+                                          "tools"}
     target.info = type("Info", (), {"exact_support": True})()  # type: ignore[assignment]
-    assert target.prompt_fields(CHAT) == frozenset()
+    assert target.prompt_fields(CHAT) == {"tools"}
 
 
 @pytest.mark.parametrize("prompt", [[5, 100], [-1], [10**30]], ids=["at the size", "negative", "huge"])

@@ -1,0 +1,54 @@
+"""The upstream and timeouts sections: the LLM server a route forwards to, and how long to wait for it."""
+
+from __future__ import annotations
+
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, field_validator
+
+from proxy.config.section import Section
+
+
+class UpstreamConfig(Section):
+    """The LLM server requests are forwarded to and drafts are verified by."""
+
+    url: str
+    protocol: Literal["sglang", "vllm", "openai"] = "sglang"
+    api_key: SecretStr | None = Field(default=None, min_length=1)
+    model: str | None = Field(default=None, min_length=1)
+    # Connections open to it at once (a stream holds one to its end); requests beyond wait up to timeouts.pool.
+    connections: int = Field(default=100, ge=1)
+
+    def api_key_value(self) -> str | None:
+        """The key to send as `Authorization: Bearer` when the client sends none."""
+        return None if self.api_key is None else self.api_key.get_secret_value()
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        """An http(s) URL with a host and nothing after the path; trailing slashes dropped."""
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 -- raises ValueError for a port that is not a number in range
+        except ValueError as exc:
+            raise ValueError(f"not a valid URL ({exc})") from None
+        if parts.username is not None or parts.password is not None:
+            # Checked first: the messages below echo the URL and must not echo a password.
+            raise ValueError("must not contain credentials; use upstream.api_key")
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"must start with http:// or https:// (got {url!r})")
+        if not parts.hostname:
+            raise ValueError(f"must name a host (got {url!r})")
+        if "?" in url or "#" in url:
+            raise ValueError(f"must not have a query or fragment (got {url!r})")
+        return url.rstrip("/")
+
+
+class TimeoutsConfig(Section):
+    """Upstream timeouts in seconds."""
+
+    connect: float = Field(default=5.0, gt=0)
+    first_byte: float = Field(default=120.0, gt=0)
+    idle: float = Field(default=60.0, gt=0)  # longest silence inside a streaming body
+    pool: float = Field(default=30.0, gt=0)  # longest wait for a free connection when upstream.connections are busy

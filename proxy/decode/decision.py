@@ -1,0 +1,80 @@
+"""What a request's policy decides once per round, and the interface a policy offers the round loop.
+
+The policy decides from its measurements, without side effects; the loop acts on the decision
+(`proxy.decode.loop`) and hands the same value to whatever else in the round depends on it (the
+draft-ahead's K, the lookup trimming). `proxy.control` implements `Policy`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from proxy.decode.events import Event
+
+
+@dataclass(frozen=True)
+class Speculate:
+    """A round: the model drafts up to k tokens (k > 0) and the target verifies them."""
+
+    k: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One plain chunk with the draft idle, to measure what plain decoding gets; then decide again."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Read:
+    """A plain chunk that the draft model reads, before any round: what it would have drafted decides later."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plain:
+    """The model drafts nothing: the target decodes plainly (a lookup drafter still proposes its paths)."""
+
+    reason: str
+
+
+Decision = Speculate | Measure | Read | Plain
+
+
+def model_k(decision: Decision) -> int:
+    """How many tokens the model drafts under the decision (0 unless it speculates)."""
+    return decision.k if isinstance(decision, Speculate) else 0
+
+
+class Policy(Protocol):
+    """Per request: a decision each round, learning from its events."""
+
+    def decide(self) -> Decision:
+        """This round's decision, from the measurements so far (asking twice gives the same answer)."""
+        ...
+
+    def commit(self) -> None:
+        """Settle in the mode this round's decision chose (the next decision's hysteresis): once per round."""
+        ...
+
+    def observe(self, event: Event) -> None:
+        """This request's own events."""
+        ...
+
+    def lookup_length(self, probs: Sequence[float], decision: Decision) -> int:
+        """How many tokens of a lookup path are worth verifying (0: none), given each one's estimated probability
+        and the round's decision."""
+        ...
+
+    def plain_chunk(self) -> int:
+        """Tokens to decode plainly when a lookup found nothing, before looking again."""
+        ...
+
+    def model_may_pay(self) -> bool:
+        """Whether the model draft could still pay on this request (False: it stops reading along for good)."""
+        ...

@@ -1,0 +1,106 @@
+"""Seeded chi-square tests of the round loop over many requests through a fake upstream (its real HTTP): the tokens
+of rounds drafted ahead and of prediction rounds follow the target's distribution, and a draft that claims a wrong
+distribution fails the same test. Thousands of requests: beside the end-to-end tier rather than in the unit tier."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from proxy.decode import ahead
+from proxy.drafting import prediction
+from proxy.drafting.prediction import PREDICTION, PredictionDrafter
+from proxy.sampling.processors import SamplingParams
+from tests.fakes.drafter import ScriptedDrafter
+from tests.unit.decode.harness import PROMPT, EmittedTokens, Served, run
+from tests.unit.decode.test_ahead import near_draft
+
+CHI_PARAMS = SamplingParams(temperature=1.0, top_k=5)
+SIGNIFICANCE = 1e-3
+NOTHING = ScriptedDrafter(lambda context, k: [])  # the route's own drafter finds nothing: prediction or plain
+
+
+# Seeded chi-square of the tokens that rounds drafted ahead emitted. Given its context, each such
+# token must follow the target's distribution for that context, whatever led to the hit; so each
+# one adds its context's target distribution to the expected counts.
+
+AHEAD_TOKENS = 6
+AHEAD_REQUESTS = 1500
+
+
+async def pre_drafted_pvalue(served: Served) -> tuple[float, int]:
+    """The chi-square p-value of the tokens emitted by pre-drafted rounds over seeded requests, and their count."""
+    drafter = near_draft(served.model)
+    tokens = EmittedTokens(served, CHI_PARAMS)
+    for seed in range(AHEAD_REQUESTS):
+        batches, events = await run(served, drafter, AHEAD_TOKENS, k=1, params=CHI_PARAMS, seed=seed, pipeline=True)
+        tokens.add(batches, events, lambda event: event.drafted_ahead)
+    return tokens.pvalue()
+
+
+@pytest.mark.parametrize("protocol", ["vllm"])
+async def test_tokens_of_pre_drafted_rounds_follow_the_target_distribution(served: Served) -> None:
+    pvalue, tokens = await pre_drafted_pvalue(served)
+    print(f"chi-square p = {pvalue:.4f} over {tokens} tokens of pre-drafted rounds")
+    assert tokens >= 1000
+    assert pvalue >= SIGNIFICANCE
+
+
+@pytest.mark.parametrize("protocol", ["vllm"])
+async def test_pre_drafted_tokens_with_the_wrong_distribution_fail_the_same_test(served: Served,
+                                                                                 monkeypatch) -> None:
+    """Negative control: hits whose draft claims a distribution it was not drawn from (uniform) are caught."""
+    pre_drafted = ahead.DraftAhead.draft
+
+    async def wrong_rows(self):
+        draft = await pre_drafted(self)
+        return None if draft is None else replace(draft, probs=np.full_like(draft.probs, 1.0 / draft.probs.shape[1]))
+
+    monkeypatch.setattr(ahead.DraftAhead, "draft", wrong_rows)
+    pvalue, tokens = await pre_drafted_pvalue(served)
+    print(f"negative control: chi-square p = {pvalue:.2e} over {tokens} tokens")
+    assert pvalue < SIGNIFICANCE**2
+
+
+# Seeded chi-square of the tokens prediction rounds emitted at temperature 1.
+
+PREDICTION_TOKENS = 8
+PREDICTION_REQUESTS = 800
+
+
+async def prediction_pvalue(served: Served) -> tuple[float, int]:
+    """The chi-square p-value of the tokens emitted by prediction rounds over seeded requests, and their count."""
+    guess = served.model.greedy(PROMPT, PREDICTION_TOKENS)  # the likeliest path: often right, often not at T = 1
+    tokens = EmittedTokens(served, CHI_PARAMS)
+    for seed in range(PREDICTION_REQUESTS):
+        batches, events = await run(served, PredictionDrafter(NOTHING, guess, prompt_length=len(PROMPT)), PREDICTION_TOKENS, k=4, params=CHI_PARAMS, seed=seed,
+                                    lookup_k=8)
+        tokens.add(batches, events, lambda event: event.source == PREDICTION)
+    return tokens.pvalue()
+
+
+@pytest.mark.parametrize("protocol", ["vllm"])
+async def test_tokens_of_prediction_rounds_follow_the_target_distribution(served: Served) -> None:
+    pvalue, tokens = await prediction_pvalue(served)
+    print(f"chi-square p = {pvalue:.4f} over {tokens} tokens of prediction rounds")
+    assert tokens >= 1000
+    assert pvalue >= SIGNIFICANCE
+
+
+@pytest.mark.parametrize("protocol", ["vllm"])
+async def test_prediction_drafts_with_the_wrong_distribution_fail_the_same_test(served: Served, monkeypatch) -> None:
+    """Negative control: a prediction draft that claims the uniform distribution instead of its one-hot is caught."""
+    propose = prediction.PredictionDrafter.propose
+
+    async def uniform(self, context, plan):
+        draft = await propose(self, context, plan)
+        if draft.source != PREDICTION or not draft.tokens:
+            return draft
+        return replace(draft, probs=np.full_like(draft.probs, 1.0 / draft.probs.shape[1]))
+
+    monkeypatch.setattr(prediction.PredictionDrafter, "propose", uniform)
+    pvalue, tokens = await prediction_pvalue(served)
+    print(f"negative control: chi-square p = {pvalue:.2e} over {tokens} tokens")
+    assert pvalue < SIGNIFICANCE**2
