@@ -273,3 +273,35 @@ def test_status_shows_vllms_verification_cost_and_the_decision(vllm_proxy: Proce
         assert best > route["plain_tokens_per_second"]
     else:
         assert route["k"] == 0 and ("plain" in route["reason"] or "min_acceptance" in route["reason"])
+
+
+LOGPROBS_CHAT = CHATS[3]  # a long answer: no end of generation within the tokens compared
+
+
+def chat_logprobs(url: str, *, stream: bool, headers: dict[str, str] | None = None) -> tuple[str, list[dict]]:
+    """A greedy chat answer's mode and its log-prob entries (top 3 each), streamed or whole."""
+    body = {"model": MODEL, "messages": LOGPROBS_CHAT, "max_tokens": 16, "temperature": 0, "logprobs": True,
+            "top_logprobs": 3, "stream": stream}
+    reply = http.post_json(url + "/v1/chat/completions", body, headers=headers, timeout=300)
+    assert reply.status == 200, reply.body
+    mode = reply.headers.get("x-speculoos-mode", "")  # the reply names headers in lower case
+    if not stream:
+        return mode, reply.json()["choices"][0]["logprobs"]["content"]
+    choices = [event["choices"][0] for event in http.sse_events(reply.body) if event != "[DONE]" and event["choices"]]
+    return mode, [entry for choice in choices if choice.get("logprobs") for entry in choice["logprobs"]["content"]]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_log_probs_through_the_proxy_are_vllms_own(vllm_proxy: Process, vllm_url: str, stream: bool) -> None:
+    """Greedy chat with log-probs speculates, answering vLLM's own tokens, log-probs and top 3 from its scoring."""
+    _, expected = chat_logprobs(vllm_url, stream=stream)
+    mode, actual = chat_logprobs(vllm_proxy.url, stream=stream, headers={"X-Speculoos": "on"})
+    assert mode == "speculative", f"not speculating:\n{vllm_proxy.log()[-3000:]}"
+    assert len(actual) == len(expected) == 16
+    for index, (got, want) in enumerate(zip(actual, expected, strict=True)):
+        assert got["token"] == want["token"], (index, got, want)
+        assert abs(got["logprob"] - want["logprob"]) <= LOGPROB_TOLERANCE, (index, got, want)
+        top_got = {entry["token"]: entry["logprob"] for entry in got["top_logprobs"]}
+        top_want = {entry["token"]: entry["logprob"] for entry in want["top_logprobs"]}
+        assert top_got.keys() == top_want.keys(), (index, got, want)  # vLLM lists the chosen token first
+        assert all(abs(top_got[t] - top_want[t]) <= LOGPROB_TOLERANCE for t in top_want), (index, got, want)
