@@ -11,15 +11,14 @@ import pytest
 
 from proxy.decode import ahead
 from proxy.drafting import prediction
-from proxy.drafting.prediction import PREDICTION, PredictionDrafter
+from proxy.drafting.prediction import PREDICTION
 from proxy.sampling.processors import SamplingParams
-from tests.fakes.drafter import ScriptedDrafter
 from tests.unit.decode.harness import PROMPT, EmittedTokens, Served, run
 from tests.unit.decode.test_ahead import near_draft
+from tests.unit.decode.test_prediction_rounds import predicted
 
 CHI_PARAMS = SamplingParams(temperature=1.0, top_k=5)
 SIGNIFICANCE = 1e-3
-NOTHING = ScriptedDrafter(lambda context, k: [])  # the route's own drafter finds nothing: prediction or plain
 
 
 # Seeded chi-square of the tokens that rounds drafted ahead emitted. Given its context, each such
@@ -75,7 +74,7 @@ async def prediction_pvalue(served: Served) -> tuple[float, int]:
     guess = served.model.greedy(PROMPT, PREDICTION_TOKENS)  # the likeliest path: often right, often not at T = 1
     tokens = EmittedTokens(served, CHI_PARAMS)
     for seed in range(PREDICTION_REQUESTS):
-        batches, events = await run(served, PredictionDrafter(NOTHING, guess, prompt_length=len(PROMPT)), PREDICTION_TOKENS, k=4, params=CHI_PARAMS, seed=seed,
+        batches, events = await run(served, predicted(guess), PREDICTION_TOKENS, k=4, params=CHI_PARAMS, seed=seed,
                                     lookup_k=8)
         tokens.add(batches, events, lambda event: event.source == PREDICTION)
     return tokens.pvalue()
