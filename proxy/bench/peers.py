@@ -1,7 +1,8 @@
 """`speculoos bench peers`: the proxy beside llama-server's own speculation, one GGUF pair, the same prompts.
 
 Rows, each in processes of its own started afresh for every regime, round trip and temperature (no
-row sees another's answers; no route has history from another row):
+row sees another's answers; no route has history from another row), all of a setting's rows up at once
+and taking turns prompt by prompt:
     llama-server                      plain
     llama-server --model-draft        the draft model inside the server (--spec-type draft-simple)
     llama-server --spec-type TYPE     a draft-free lookup inside the server (ngram-simple, ...)
@@ -26,6 +27,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -55,7 +57,7 @@ from proxy.bench.peers_plan import (
 )
 from proxy.bench.peers_report import PeerSample, Speculation
 from proxy.bench.peers_serve import Models, llama_server_binary, llama_server_command, serving, speculoos_routes
-from proxy.bench.workloads import Workload, load
+from proxy.bench.workloads import Prompt, Workload, load
 from proxy.engine.threads import usable_cores
 
 # Re-exported: the command's parts, as its tests and callers name them.
@@ -90,31 +92,49 @@ async def _llama_speculation(session: aiohttp.ClientSession, base: str, timings:
     return speculation
 
 
-async def measure(base: str, peer: Peer, setting: Setting, workloads: Sequence[Workload], *, prompts: int,
-                  max_tokens: int, timeout_s: float) -> list[PeerSample]:
-    """Send each workload's first `prompts` prompts at the setting's temperature, one at a time; no warm-up."""
+async def _model_name(session: aiohttp.ClientSession, base: str, peer: Peer) -> str:
+    """The model id the row serves."""
+    listed = await get_json(session, base + "/v1/models", peer.name)
+    return str(((listed or {}).get("data") or [{}])[0].get("id") or "model")
+
+
+async def measure(bases: Sequence[str], peers: Sequence[Peer], setting: Setting, workloads: Sequence[Workload], *,
+                  prompts: int, max_tokens: int, timeout_s: float) -> list[PeerSample]:
+    """Send each workload's first `prompts` prompts at the setting's temperature to every row, one request at a
+    time, the rows taking turns prompt by prompt (a slow spell of a shared machine then falls on every row
+    alike, not on whichever row was running); no warm-up."""
     samples = []
     async with aiohttp.ClientSession() as session:
-        listed = await get_json(session, base + "/v1/models", peer.name)
-        model = str(((listed or {}).get("data") or [{}])[0].get("id") or "model")
+        models = [await _model_name(session, base, peer) for base, peer in zip(bases, peers)]
+        rows = list(zip(bases, peers, models))
         for workload in workloads:
             for index, prompt in enumerate(workload.prompts[:prompts]):
                 prompt = replace(prompt, temperature=setting.temperature)
-                before = await _metrics(session, base) if peer.llama else {}
-                reply = await stream(session, base + prompt.path, prompt.body(model, max_tokens), timeout_s)
-                speculation = (await _llama_speculation(session, base, reply.timings, before) if peer.llama
-                               else peers_report.proxy_speculation(reply.extension) if peer.kind == SPECULOOS
-                               else None)
-                # Where a stream carries no usage, llama-server's timings still count the tokens.
-                tokens = reply.completion_tokens or int((reply.timings or {}).get("predicted_n") or 0) or None
-                sample = PeerSample(setting.regime, setting.rtt_ms, setting.temperature, peer.name, workload.name,
-                                    index, reply.error, tokens, reply.seconds, reply.ttft_s,
-                                    tokens / reply.seconds if tokens and reply.seconds > 0 else None, speculation)
-                samples.append(sample)
-                rate = f"{sample.tokens_per_second:.1f} tok/s" if sample.tokens_per_second else reply.error
-                print(f"{setting.regime} {setting.rtt_ms or 0:g} ms T={setting.temperature:g} {peer.name} "
-                      f"{workload.name} #{index}: {rate}", file=sys.stderr, flush=True)
+                turn = index % len(rows)  # who goes first rotates, so no row always follows the same one
+                for base, peer, model in rows[turn:] + rows[:turn]:
+                    sample = await _send(session, base, peer, model, setting, workload.name, index, prompt,
+                                         max_tokens=max_tokens, timeout_s=timeout_s)
+                    samples.append(sample)
     return samples
+
+
+async def _send(session: aiohttp.ClientSession, base: str, peer: Peer, model: str, setting: Setting,
+                workload: str, index: int, prompt: Prompt, *, max_tokens: int, timeout_s: float) -> PeerSample:
+    """One prompt to one row, timed, with the row's drafting counters."""
+    before = await _metrics(session, base) if peer.llama else {}
+    reply = await stream(session, base + prompt.path, prompt.body(model, max_tokens), timeout_s)
+    speculation = (await _llama_speculation(session, base, reply.timings, before) if peer.llama
+                   else peers_report.proxy_speculation(reply.extension) if peer.kind == SPECULOOS
+                   else None)
+    # Where a stream carries no usage, llama-server's timings still count the tokens.
+    tokens = reply.completion_tokens or int((reply.timings or {}).get("predicted_n") or 0) or None
+    sample = PeerSample(setting.regime, setting.rtt_ms, setting.temperature, peer.name, workload, index,
+                        reply.error, tokens, reply.seconds, reply.ttft_s,
+                        tokens / reply.seconds if tokens and reply.seconds > 0 else None, speculation)
+    rate = f"{sample.tokens_per_second:.1f} tok/s" if sample.tokens_per_second else reply.error
+    print(f"{setting.regime} {setting.rtt_ms or 0:g} ms T={setting.temperature:g} {peer.name} {workload} #{index}: "
+          f"{rate}", file=sys.stderr, flush=True)
+    return sample
 
 
 def add_cli(commands: argparse._SubParsersAction) -> None:
@@ -191,14 +211,16 @@ def _models(args: argparse.Namespace, peers: Sequence[Peer]) -> Models:
 
 
 def _measure_all(args: argparse.Namespace, chosen: Plan, models: Models, folder: Path) -> list[PeerSample]:
-    """Every row in every setting, each in processes of its own."""
+    """Every row in every setting, each row in processes of its own, all of a setting's rows up at once."""
     samples: list[PeerSample] = []
     for setting in chosen.settings:
         client = args.client_cores if setting.regime == TWO_DEVICE else None
-        for peer in chosen.peers:
-            with serving(peer, setting, models, folder, server_cores=args.server_cores,
-                         client_cores=args.client_cores) as base, client_on(client):
-                samples += asyncio.run(measure(base, peer, setting, chosen.workloads, prompts=args.prompts,
+        with ExitStack() as stack:
+            # An idle server computes nothing, so the rows waiting for their turn cost the measured one no time.
+            bases = [stack.enter_context(serving(peer, setting, models, folder, server_cores=args.server_cores,
+                                                 client_cores=args.client_cores)) for peer in chosen.peers]
+            with client_on(client):
+                samples += asyncio.run(measure(bases, chosen.peers, setting, chosen.workloads, prompts=args.prompts,
                                                max_tokens=args.max_tokens, timeout_s=args.timeout))
     return samples
 

@@ -81,10 +81,15 @@ class SamplingParams:
         return self.temperature < GREEDY_TEMPERATURE_EPS
 
 
-def _softmax(logits: np.ndarray) -> np.ndarray:  # [rows, vocab] -> [rows, vocab]
-    """Row-wise softmax; -inf logits get probability 0."""
-    weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return weights / weights.sum(axis=-1, keepdims=True)
+def _softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:  # [rows, vocab] -> [rows, vocab]
+    """Row-wise softmax of logits / temperature; -inf logits get probability 0."""
+    # In place on one fresh array: a verification scores tens of rows of the whole vocabulary.
+    weights = logits - logits.max(axis=-1, keepdims=True)
+    if temperature != 1.0:
+        weights /= temperature
+    np.exp(weights, out=weights)
+    weights /= weights.sum(axis=-1, keepdims=True)
+    return weights
 
 
 def _keep_top_n(
@@ -97,6 +102,8 @@ def _keep_top_n(
     above = values > threshold[:, None]
     tied = values == threshold[:, None]
     room = n - above.sum(axis=-1)
+    if (tied.sum(axis=-1) <= room).all():  # the usual case: no tie straddles the boundary
+        return above | tied
     if high_ids_first:
         tie_rank = np.cumsum(tied[:, ::-1], axis=-1)[:, ::-1]
     else:
@@ -104,21 +111,21 @@ def _keep_top_n(
     return above | (tied & (tie_rank <= room[:, None]))
 
 
-def _top_k_mask(logits: np.ndarray, top_k: int, keep_ties: bool) -> np.ndarray:
-    """Mask of the top_k largest logits per row (all True when top_k is off or >= vocab)."""
+def _top_k_mask(logits: np.ndarray, top_k: int, keep_ties: bool) -> np.ndarray | None:
+    """Mask of the top_k largest logits per row (None, keep all, when top_k is off or >= vocab)."""
     rows, vocab = logits.shape
     if top_k in TOP_K_OFF or top_k >= vocab:
-        return np.ones(logits.shape, dtype=bool)
+        return None
     threshold = np.partition(logits, vocab - top_k, axis=-1)[:, vocab - top_k]
     if keep_ties:
         return logits >= threshold[:, None]
     return _keep_top_n(logits, threshold, np.full(rows, top_k))
 
 
-def _top_p_mask(logits: np.ndarray, top_p: float, inclusive: bool, high_ids_first: bool) -> np.ndarray:
-    """Mask of tokens whose preceding softmax mass (descending) is < top_p, or <= if inclusive."""
+def _top_p_mask(logits: np.ndarray, top_p: float, inclusive: bool, high_ids_first: bool) -> np.ndarray | None:
+    """Mask of tokens whose preceding softmax mass (descending) is < top_p, or <= if inclusive (None: all)."""
     if top_p >= 1.0:
-        return np.ones(logits.shape, dtype=bool)
+        return None
     probs = _softmax(logits)
     descending = -np.sort(-probs, axis=-1)
     mass_before = np.zeros_like(descending)
@@ -129,24 +136,34 @@ def _top_p_mask(logits: np.ndarray, top_p: float, inclusive: bool, high_ids_firs
     return _keep_top_n(probs, descending[np.arange(len(probs)), n - 1], n, high_ids_first)
 
 
-def _min_p_mask(logits: np.ndarray, min_p: float) -> np.ndarray:
-    """Mask of prob >= min_p * max prob, in llama.cpp's form: logit >= max logit + log(min_p)."""
+def _min_p_mask(logits: np.ndarray, min_p: float) -> np.ndarray | None:
+    """Mask of prob >= min_p * max prob, in llama.cpp's form: logit >= max logit + log(min_p) (None: all)."""
     if min_p <= 0.0:
-        return np.ones(logits.shape, dtype=bool)
+        return None
     return logits >= logits.max(axis=-1, keepdims=True) + np.log(min_p)
 
 
-def _mask(logits: np.ndarray, keep: np.ndarray) -> np.ndarray:
-    """Logits with the dropped tokens set to -inf, as every backend does."""
-    return np.where(keep, logits, -np.inf)
+def _mask(logits: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
+    """Logits with the dropped tokens set to -inf, as every backend does (unchanged when all are kept)."""
+    return logits if keep is None else np.where(keep, logits, -np.inf)
 
 
 def _truncate_then_temperature(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """llama.cpp: top_k, top_p, min_p on the raw logits (each on what survived), then temperature."""
-    logits = _mask(logits, _top_k_mask(logits, params.top_k, keep_ties=False))
+    top_k = _top_k_mask(logits, params.top_k, keep_ties=False)
+    if top_k is not None:  # exactly top_k survive per row: the rest of the chain runs on those columns only
+        columns = np.nonzero(top_k)[1].reshape(len(logits), params.top_k)  # ascending ids, so ties break alike
+        probs = np.zeros(logits.shape)
+        np.put_along_axis(probs, columns, _truncated_tail(np.take_along_axis(logits, columns, -1), params), -1)
+        return probs
+    return _truncated_tail(logits, params)
+
+
+def _truncated_tail(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """llama.cpp's chain after top_k: top_p, min_p, temperature."""
     logits = _mask(logits, _top_p_mask(logits, params.top_p, inclusive=False, high_ids_first=False))
     logits = _mask(logits, _min_p_mask(logits, params.min_p))
-    return _softmax(logits / params.temperature)
+    return _softmax(logits, params.temperature)
 
 
 def _temperature_then_truncate(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -161,12 +178,13 @@ def _temperature_then_truncate(logits: np.ndarray, params: SamplingParams) -> np
 def _temperature_then_joint_truncate(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """SGLang: temperature, then top_k, top_p (<=) and min_p all judged on the same logits."""
     logits = logits / params.temperature
-    keep = (
-        _top_k_mask(logits, params.top_k, keep_ties=False)
-        & _top_p_mask(logits, params.top_p, inclusive=True, high_ids_first=False)
-        & _min_p_mask(logits, params.min_p)
-    )
-    return _softmax(_mask(logits, keep))
+    masks = [
+        _top_k_mask(logits, params.top_k, keep_ties=False),
+        _top_p_mask(logits, params.top_p, inclusive=True, high_ids_first=False),
+        _min_p_mask(logits, params.min_p),
+    ]
+    keep = [mask for mask in masks if mask is not None]
+    return _softmax(_mask(logits, np.logical_and.reduce(keep) if keep else None))
 
 
 _PIPELINES: dict[SamplerOrder, Callable[[np.ndarray, SamplingParams], np.ndarray]] = {

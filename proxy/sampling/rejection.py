@@ -34,7 +34,7 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:  # probs: [vocab
         raise ValueError("cannot sample from a row with no probability mass")
     token = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
     # Defensive: should u * total ever round up to total, stay on the last token with mass.
-    return min(token, int(np.flatnonzero(row)[-1]))
+    return token if token < row.size else int(np.flatnonzero(row)[-1])
 
 
 def residual_probs(target_row: np.ndarray, draft_row: np.ndarray) -> np.ndarray:  # rows: [vocab]

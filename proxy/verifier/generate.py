@@ -116,9 +116,8 @@ def _draft_support(n_vocab: int, req: GenerateRequest, logits: np.ndarray,
         if max(ids) >= n_vocab or min(ids) < 0:
             raise BadRequestError("'draft_support_ids' holds an id outside the vocabulary", param="draft_support_ids")
         target_probs.append([float(row[i]) for i in ids])
-        outside = row.copy()
-        outside[ids] = 0.0
-        mass = float(outside.sum())
+        row[ids] = 0.0  # the row is ours: what remains is the mass outside the support
+        mass = float(row.sum())
         outside_mass.append(mass)
-        outside_tokens.append(sample(outside, rng) if mass > 0.0 else None)
+        outside_tokens.append(sample(row, rng) if mass > 0.0 else None)
     return {"target_probs": target_probs, "outside_mass": outside_mass, "outside_tokens": outside_tokens}

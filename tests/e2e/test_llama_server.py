@@ -53,7 +53,7 @@ def test_llama_server_answers_with_its_speculation(llama_server: Path, model_pat
     peer, setting = Peer(LLAMA_SPEC, "ngram-simple"), Setting(SHARED, None, 0.0)
     with peers.serving(peer, setting, Models(smol, smol, llama_server, ""), tmp_path, server_cores={0},
                        client_cores={1}) as base:
-        (sample,) = asyncio.run(peers.measure(base, peer, setting, [load("code_editing")], prompts=1,
+        (sample,) = asyncio.run(peers.measure([base], [peer], setting, [load("code_editing")], prompts=1,
                                               max_tokens=48, timeout_s=120))
     assert sample.error is None and sample.completion_tokens and sample.tokens_per_second and sample.ttft_s
     speculation = sample.speculation

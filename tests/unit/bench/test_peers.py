@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from proxy.bench import cli, peers, peers_report
 from proxy.bench.peers import LLAMA, LLAMA_DRAFT, LLAMA_SPEC, SHARED, SPECULOOS, TWO_DEVICE, VERIFIER, Peer, Setting
 from proxy.bench.peers_report import PeerSample, Speculation
+from proxy.bench.workloads import load
 from proxy.config.load import load_config
 from tests.unit.bench.test_bench import bench
 
@@ -226,3 +229,48 @@ def test_markdown_and_json() -> None:
     assert document["format"] == "speculoos-bench-peers" and document["config"] == {"prompts": 2}
     assert document["rows"][3]["vs_llama_plain"] == pytest.approx(14 / 21)
     assert document["requests"][2]["speculation"] == {"drafted": 40, "accepted": 30, "rounds": 10, "emitted": 40.0}
+
+
+# -- the rows take turns ----------------------------------------------------------------------------
+
+async def _plain_server(name: str, arrivals: list[str]) -> web.AppRunner:
+    """An OpenAI-shaped server that answers one token and notes who was asked, in order."""
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": name}]})
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        arrivals.append(f"{name} {(await request.json())['messages'][-1]['content'][:12]}")
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for event in ({"choices": [{"index": 0, "delta": {"content": "x"}}]},
+                      {"choices": [], "usage": {"completion_tokens": 1}}):
+            await response.write(f"data: {json.dumps(event)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner
+
+
+async def test_the_rows_take_turns_prompt_by_prompt_and_who_goes_first_rotates() -> None:
+    arrivals: list[str] = []
+    names = ["verifier", "speculoos"]
+    runners = [await _plain_server(name, arrivals) for name in names]
+    try:
+        bases = [f"http://127.0.0.1:{runner.addresses[0][1]}" for runner in runners]
+        workload = load("open_chat")
+        samples = await peers.measure(bases, [Peer(VERIFIER), Peer(SPECULOOS)], Setting(SHARED, None, 0.0),
+                                      [workload], prompts=3, max_tokens=4, timeout_s=10)
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+    first = [p.messages[-1]["content"][:12] for p in workload.prompts[:3]]
+    assert arrivals == [f"verifier {first[0]}", f"speculoos {first[0]}", f"speculoos {first[1]}",
+                        f"verifier {first[1]}", f"verifier {first[2]}", f"speculoos {first[2]}"]
+    assert [(s.row, s.prompt, s.completion_tokens) for s in samples][:2] == [
+        ("our verifier", 0, 1), ("Speculoos + our verifier", 0, 1)]
