@@ -1,10 +1,11 @@
 """SIMULATION: replay recorded per-round acceptance under a stated cost model.
 
 A trace (written by `speculoos bench --record-trace`) lists, per speculative request, each round
-as [drafted, accepted], or [drafted, accepted, "lookup"] for a lookup draft, which costs no draft
-time; a round emits accepted + 1 tokens. The cost model is proxy/control/cost_model.py's CostModel,
+as [drafted, accepted], or [drafted, accepted, source] for a draft-free path: "lookup" costs no draft
+time, "prediction" one draft step (the model checks the client's prediction in one batched pass, an
+upper bound where it did not); a round emits accepted + 1 tokens. The cost model is proxy/control/cost_model.py's CostModel,
 the one a route with fallback.assume_costs decides by:
-    round      drafted · draft_ms (model drafts) + verify_ms(drafted) + rtt_ms
+    round      drafted · draft_ms (model drafts; one for a prediction) + verify_ms(drafted) + rtt_ms
     verify_ms  verify_ms_flat + verify_ms_per_token · (drafted + 1)     (tokens evaluated)
                or, from a measured curve (`--cost-curve`, written by proxy/bench/gpu_costs.py),
                as the controller predicts from measured K: linear between the measured K around
@@ -24,6 +25,7 @@ from typing import Any
 
 from proxy.bench.stats import Spread, spread
 from proxy.control.cost_model import CostModel, expected_tokens
+from proxy.drafting.base import MODEL_SOURCE
 
 SIMULATION = "SIMULATION"
 COST_MODELS = ("gpu", "cpu", "custom")
@@ -90,7 +92,7 @@ class TracedRequest:
     mode: str
     rounds: tuple[tuple[int, int], ...]  # (drafted, accepted) per round
     plain_tokens: int = 0  # decoded plainly after a mid-stream switch or a lookup miss
-    lookups: tuple[bool, ...] = ()  # per round: drafted by lookup (no draft time)
+    sources: tuple[str, ...] = ()  # per round: what drafted it ("model", "lookup", "prediction")
     plain_calls: int = 0  # plain chunks after lookup misses, each a round trip
 
 
@@ -106,7 +108,8 @@ def parse_trace(document: Any, source: str) -> list[TracedRequest]:
         if not all(isinstance(r, list) and len(r) in (2, 3) and 0 <= r[1] <= r[0] for r in rounds):
             raise SimulationError(f"{source}: requests[{i}].rounds must be [drafted, accepted(, source)] entries")
         requests.append(TracedRequest(entry["workload"], entry["mode"], tuple((int(r[0]), int(r[1])) for r in rounds),
-                                      int(entry.get("plain_tokens") or 0), tuple(len(r) == 3 for r in rounds),
+                                      int(entry.get("plain_tokens") or 0),
+                                      tuple(str(r[2]) if len(r) == 3 else MODEL_SOURCE for r in rounds),
                                       int(entry.get("plain_calls") or 0)))
     if not requests:
         raise SimulationError(f"{source}: no request has per-round data (the proxy's `speculoos` object "
@@ -131,8 +134,8 @@ class Replay:
 def replay(request: TracedRequest, model: CostModel) -> Replay:
     """Time one request's rounds, and the same tokens decoded plainly."""
     tokens = sum(accepted + 1 for _, accepted in request.rounds) + request.plain_tokens
-    lookups = request.lookups or (False,) * len(request.rounds)
-    speculative = (sum(model.round_ms(drafted, lookup=lookup) for (drafted, _), lookup in zip(request.rounds, lookups,
+    sources = request.sources or (MODEL_SOURCE,) * len(request.rounds)
+    speculative = (sum(model.round_ms(drafted, source=source) for (drafted, _), source in zip(request.rounds, sources,
                                                                                               strict=True))
                    + request.plain_tokens * model.plain_ms + request.plain_calls * model.rtt_ms)
     return Replay(tokens, speculative, model.rtt_ms + tokens * model.plain_ms)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from proxy.config.speculation import AssumedCostsConfig
+from proxy.drafting.base import MODEL_SOURCE
+from proxy.drafting.prediction import PREDICTION
 
 MIN_VERIFY_SECONDS = 1e-6  # a line through measured times may reach 0 or below; a verification never costs nothing
 MIN_SLOPE_SAMPLES = 16
@@ -132,9 +134,11 @@ class CostModel:
                                         floor=MIN_VERIFY_SECONDS * 1000.0)
         return self.verify_ms_flat + self.verify_ms_per_token * (drafted + 1)
 
-    def round_ms(self, drafted: float, *, lookup: bool = False) -> float:
-        """One sequential speculative round (a lookup draft costs no draft time)."""
-        return (0.0 if lookup else drafted * self.draft_ms) + self.verify_ms(drafted) + self.rtt_ms
+    def round_ms(self, drafted: float, *, source: str = MODEL_SOURCE) -> float:
+        """One sequential speculative round: a model draft costs a step a token, the prediction's check one step, a
+        lookup nothing."""
+        draft_steps = drafted if source == MODEL_SOURCE else 1.0 if source == PREDICTION else 0.0
+        return draft_steps * self.draft_ms + self.verify_ms(drafted) + self.rtt_ms
 
     def verify_seconds(self, k: int) -> float:
         """A round trip and a verification of k drafts, in seconds: what a route measures as a round's verification."""

@@ -14,6 +14,8 @@ import numpy as np
 
 from proxy.sampling.processors import SamplerOrder, SamplingParams
 
+MODEL_SOURCE = "model"  # a draft the model sampled, token by token
+
 
 @dataclass(frozen=True)
 class Draft:
@@ -22,7 +24,7 @@ class Draft:
     tokens: tuple[int, ...]  # [k]
     probs: np.ndarray  # [k, vocab] float64: the exact distribution each token was sampled from,
     # truncated to the draft's top candidates so the target can be asked about every one of them
-    source: str = "model"  # "model", "lookup" (found in the context or history) or "prediction" (the client's)
+    source: str = MODEL_SOURCE  # "model", "lookup" (found in the context or history) or "prediction" (the client's)
     alternatives: tuple[tuple[int, ...], ...] = ()  # more deterministic candidates, verified in the same round
     declined: tuple[int, ...] = ()  # a lookup path found but judged not worth verifying (the policy learns from it)
     # The model's time per drafted token, its reading of context it had not seen left out (None: not timed,

@@ -15,8 +15,10 @@ Each token of a path comes with the estimated probability that the copy goes on 
 rule of succession over the output's copied tokens and departures (a Beta prior that trusts the
 client's claim, PRIOR_COPIED to PRIOR_DEPARTURES), times the trust in a fresh re-alignment (by
 how many tokens matched). A path ends below MIN_ESTIMATE, so long copies earn long drafts; the
-request's policy then trims it by the costs, as for lookup paths. The draft is deterministic:
-one-hot, verified exactly as any lookup path is.
+request's policy then trims it by the costs, as for lookup paths. Where the round lets the draft
+model draft, the model reads the path in one batched step and the path ends at the first token the
+model would write differently, with the model's token in its place (`PredictionDrafter._checked`).
+The draft is deterministic: one-hot, verified exactly as any lookup path is.
 """
 
 from __future__ import annotations
@@ -112,15 +114,16 @@ class Alignment:
         changed = np.concatenate([self.prediction[:self.anchor], np.asarray(rest, dtype=np.int64)])
         return replace(self, prediction=changed, change=None)
 
-    def path(self, limit: int) -> Continuation:
-        """Up to limit tokens of the prediction from the anchor, each with the probability the copy goes on to it."""
+    def path(self, limit: int, floor: float = MIN_ESTIMATE) -> Continuation:
+        """Up to limit tokens of the prediction from the anchor, each with the probability the copy goes on to it,
+        ending where that falls below floor."""
         if not self.synced or limit <= 0:
             return Continuation((), ())
         copied, departed = self.copied + PRIOR_COPIED, self.departures + PRIOR_DEPARTURES
         tokens, estimates, running = self.prediction[self.anchor:self.anchor + limit].tolist(), [], self.trust
         for position in range(len(tokens)):
             running *= (copied + position) / (copied + departed + position)  # Beta-Binomial: one more copied token
-            if running < MIN_ESTIMATE:
+            if running < floor:
                 break
             estimates.append(running)
         return Continuation(tuple(tokens[:len(estimates)]), tuple(estimates), self.match, self.anchor)
@@ -135,6 +138,7 @@ class PredictionDrafter:
         self.vocabulary = drafter.vocabulary
         self.looks_up = True  # a prediction path costs what a lookup path does: the request decides round by round
         self._prompt_length = prompt_length
+        self._has_model = drafter.occupancy() is not None  # a drafter that holds sequences has a model to read with
         self._followed: list[int] = []  # the output the latest alignment followed
         # (output length, alignment) along it: a draft-ahead proposes after drafts the target may then reject,
         # and the next round goes on from the alignment of the output it shares
@@ -153,19 +157,41 @@ class PredictionDrafter:
         return aligned
 
     async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
-        """The prediction's path after context (trimmed to what is worth verifying), else the route drafter's."""
-        path = self.alignment(context[self._prompt_length:]).path(plan.lookup_k or plan.k)
+        """The prediction's path after context (trimmed to what is worth verifying, and checked by the draft model
+        where the round lets it draft), else the route drafter's."""
+        limit = plan.lookup_k or plan.k
+        # Not before the first token: the model would read the whole prompt first, and the client wait for it.
+        may_check = (self._has_model and plan.k > 0 and len(context) > self._prompt_length
+                     and self._drafter.fits(len(context) + limit))
+        # A path the model checks may run as far as the round allows: the model cuts it where the output departs.
+        path = self.alignment(context[self._prompt_length:]).path(limit, floor=0.0 if may_check else MIN_ESTIMATE)
         declined: tuple[int, ...] = ()
         if path.tokens:
             length = plan.worth(path.probs) if plan.worth is not None else len(path.tokens)
             if length > 0:
                 tokens = path.tokens[:length]
+                if may_check:
+                    tokens = await self._checked(context, plan.request_id, tokens)
                 return Draft(tokens, one_hot(tokens, self.vocabulary.n_vocab), PREDICTION)
             declined = path.tokens
         if plan.k == 0 and not self._drafter.looks_up:
             return Draft((), one_hot((), self.vocabulary.n_vocab), PREDICTION, declined=declined)
         found = await self._drafter.propose(context, plan)
         return found if found.declined or not declined else replace(found, declined=declined)
+
+    async def _checked(self, context: Sequence[int], request_id: str, tokens: tuple[int, ...]) -> tuple[int, ...]:
+        """The path up to the first token the draft model would not write there, then the model's token instead.
+
+        The model reads the whole path in one batched step. It read the request (the edit asked for), so where it
+        leaves the prediction, the output usually does too: the path ends there rather than at a rejection the
+        target pays to verify, and the edit's first token is drafted as well. Deterministic either way.
+        """
+        reading = self._drafter.read(request_id, context, tokens)
+        if reading is None:
+            return tokens
+        choices = await reading
+        differs = next((i for i, (token, choice) in enumerate(zip(tokens, choices)) if token != choice), None)
+        return tokens if differs is None else (*tokens[:differs], choices[differs])
 
     def reserve(self, request_id: str, context: Sequence[int], *, tenant: str = "") -> bool:
         """The route drafter's."""

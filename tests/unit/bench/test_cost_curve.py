@@ -32,7 +32,8 @@ def test_verification_cost_follows_the_curve(drafted: float, expected: float) ->
 
 def test_the_curve_model_takes_draft_and_plain_costs_from_the_file() -> None:
     assert (MODEL.name, MODEL.draft_ms, MODEL.plain_ms, MODEL.rtt_ms) == ("measured", 3.0, 20.0, 5.0)
-    assert MODEL.round_ms(4) == 4 * 3.0 + 24.0 + 5.0 and MODEL.round_ms(4, lookup=True) == 24.0 + 5.0
+    assert MODEL.round_ms(4) == 4 * 3.0 + 24.0 + 5.0 and MODEL.round_ms(4, source="lookup") == 24.0 + 5.0
+    assert MODEL.round_ms(4, source="prediction") == 3.0 + 24.0 + 5.0  # the model checks the path in one step
     unsorted = simulate.measured_cost_model({**CURVE, "verify_ms": {"8": 36.0, "0": 20.0}}, "c")
     assert unsorted.verify_curve == ((0, 20.0), (8, 36.0)) and unsorted.verify_ms(4) == 28.0
     assert "verify ms by K (K=0: 20, K=1: 21, K=4: 24, K=8: 36), RTT 5 ms" in simulate.describe(MODEL)

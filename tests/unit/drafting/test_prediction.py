@@ -3,7 +3,9 @@ a wrong prediction), path lengths, and the drafter around the route's own."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -112,3 +114,55 @@ async def test_the_drafter_proposes_the_prediction_first_then_the_route_drafter(
     assert declined.tokens == (42,) * 8 and declined.declined == tuple(PREDICTION_IDS[:8])  # the route's draft
     done = await drafter.propose(prompt + PREDICTION_IDS, plan(4))
     assert done.tokens == (42,) * 4 and not inner.looks_up and drafter.looks_up
+
+
+class ReadingDrafter(ScriptedDrafter):
+    """A route drafter with a model: reading tokens answers the model's greedy choice before each (scripted)."""
+
+    def __init__(self, choose: Callable[[Sequence[int]], int]) -> None:
+        super().__init__(lambda context, k: [42] * k)
+        self.vocabulary = WideVocabulary()  # type: ignore[assignment]
+        self.choose, self.reads = choose, []
+
+    def occupancy(self) -> tuple[int, int]:
+        return 0, 1  # holds a sequence per request, as a model does
+
+    def read(self, request_id: str, context: Sequence[int], tokens: Sequence[int]) -> Awaitable[list[int]]:
+        self.reads.append(list(tokens))
+        choices = [self.choose([*context, *tokens[:i]]) for i in range(len(tokens))]
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(choices)
+        return future
+
+
+def agreeing_except(position: int, token: int) -> Callable[[Sequence[int]], int]:
+    """A model that writes the prediction (after a prompt of 3) except `token` at output position `position`."""
+    return lambda context: token if len(context) - 3 == position else LONG[len(context) - 3]
+
+
+LONG = list(range(1000, 1100))
+
+
+async def test_the_draft_model_checks_the_path_and_writes_its_own_token_where_it_leaves_it() -> None:
+    prompt = [1, 2, 3]
+    agreeing = ReadingDrafter(agreeing_except(-1, 0))
+    drafter = PredictionDrafter(agreeing, LONG, prompt_length=len(prompt))
+    unchecked = PredictionDrafter(route_drafter(), LONG, prompt_length=len(prompt))
+    first = await drafter.propose(prompt, plan(32))
+    # Before the first token nothing is checked (the model would read the prompt while the client waits): the
+    # path ends where its estimates do.
+    assert 0 < len(first.tokens) < 32 and agreeing.reads == []
+    whole = await drafter.propose(prompt + LONG[:1], plan(32))
+    # Checked by the model, the path runs to the round's limit; unchecked, its estimates end it.
+    assert whole.tokens == tuple(LONG[1:33]) and agreeing.reads == [LONG[1:33]]
+    assert len((await unchecked.propose(prompt + LONG[:1], plan(32))).tokens) < 32
+    leaving = ReadingDrafter(agreeing_except(5, 777))
+    cut = await PredictionDrafter(leaving, LONG, prompt_length=len(prompt)).propose(prompt + LONG[:1], plan(32))
+    assert (cut.source, cut.tokens) == (PREDICTION, (*LONG[1:5], 777))
+
+
+async def test_no_check_where_the_round_lets_the_model_draft_nothing() -> None:
+    model = ReadingDrafter(agreeing_except(2, 777))
+    drafter = PredictionDrafter(model, LONG, prompt_length=3)
+    found = await drafter.propose([1, 2, 3, LONG[0]], replace(plan(8), k=0))  # lookups only (the prompt being read)
+    assert found.tokens == tuple(LONG[1:9]) and model.reads == []
