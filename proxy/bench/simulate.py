@@ -3,8 +3,8 @@
 A trace (written by `speculoos bench --record-trace`) lists, per speculative request, each round
 as [drafted, accepted], or [drafted, accepted, source] for a draft-free path: "lookup" costs no draft
 time, "prediction" one draft step (the model checks the client's prediction in one batched pass, an
-upper bound where it did not); a round emits accepted + 1 tokens. The cost model is proxy/control/cost_model.py's CostModel,
-the one a route with fallback.assume_costs decides by:
+upper bound where it did not); a round emits accepted + 1 tokens. The cost model is
+proxy/control/cost_model.py's CostModel, the one a route with fallback.assume_costs decides by:
     round      drafted · draft_ms (model drafts; one for a prediction) + verify_ms(drafted) + rtt_ms
     verify_ms  verify_ms_flat + verify_ms_per_token · (drafted + 1)     (tokens evaluated)
                or, from a measured curve (`--cost-curve`, written by proxy/bench/gpu_costs.py),
