@@ -23,6 +23,7 @@ from proxy.control import cost_model
 from proxy.control.acceptance import UNMEASURED_ALPHA, draft_ahead_hit, read_windows, survival
 from proxy.control.cost_model import CostModel, at_context, fit_context_slope, verify_from_measured
 from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent
+from proxy.drafting.base import MODEL_SOURCE
 
 RECENT_VERIFICATIONS = 256  # the window the context slope is fitted over
 MIN_PLAIN_TOKENS = 4  # shorter passthrough answers say little about the decoding rate
@@ -104,9 +105,9 @@ class RouteCosts:
             if event.ahead_hit is not None and event.accepted == len(event.drafted):
                 self.guess_right.add(1.0 if event.ahead_hit else 0.0)
             self.record_round(len(event.drafted), event.accepted, event.draft_seconds, event.verify_seconds,
-                              costs=event.warm and event.candidates == 1, lookup=event.source != "model",
+                              costs=event.warm and event.candidates == 1, lookup=event.source != MODEL_SOURCE,
                               drafting_seconds_per_token=event.drafting_seconds_per_token, context=event.context)
-            if event.source == "model" and event.warm:
+            if event.source == MODEL_SOURCE and event.warm:
                 self.model_round_seconds.add(event.draft_seconds + event.verify_seconds)
                 self.model_round_tokens.add(len(event.emitted))
                 self.model_round_ceiling.add(len(event.drafted) + 1)

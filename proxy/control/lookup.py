@@ -19,6 +19,7 @@ import numpy as np
 from proxy.config.schema import MAX_K
 from proxy.control.costs import RouteCosts
 from proxy.decode.events import Event, PlainEvent, RoundEvent
+from proxy.drafting.base import MODEL_SOURCE
 
 MIN_PLAIN_CHUNK, MAX_PLAIN_CHUNK = 4, 16  # plain tokens decoded after a lookup miss before looking again
 PRIOR_WEIGHT = 2.0  # paths' worth of the route's survival behind a request's own counts
@@ -66,7 +67,7 @@ class LookupOdds:
 
     def observe(self, event: Event) -> None:
         """Verified lookup rounds, and declined paths against what the target produced instead."""
-        if isinstance(event, RoundEvent) and event.source != "model":
+        if isinstance(event, RoundEvent) and event.source != MODEL_SOURCE:
             self.lookups += 1
             self._count(len(event.drafted), event.accepted)
         elif isinstance(event, RoundEvent):

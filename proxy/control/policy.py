@@ -23,6 +23,7 @@ from proxy.control.costs import RouteCosts, read_windows, survival
 from proxy.control.lookup import MIN_PLAIN_CHUNK, LookupOdds
 from proxy.decode.decision import Decision, Measure, Plain, Read, Speculate, model_k
 from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent
+from proxy.drafting.base import MODEL_SOURCE
 
 PASSTHROUGH_K = 0
 PRIOR_ROUNDS = 2  # the route's survival curve counts as this many of a request's own rounds
@@ -163,7 +164,7 @@ class RequestPolicy:
         if isinstance(event, RoundEvent):
             self.context = event.context + len(event.emitted)
             self.rounds += 1
-            if event.source == "model":
+            if event.source == MODEL_SOURCE:
                 if event.warm:  # a round that paid the prompt's prefill says nothing of drafting's speed
                     self._timed_rounds += 1
                     self._timed_tokens += len(event.emitted)

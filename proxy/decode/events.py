@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from proxy.drafting.base import MODEL_SOURCE
+
 
 @dataclass(frozen=True)
 class RoundEvent:
@@ -26,7 +28,7 @@ class RoundEvent:
     draft_seconds: float
     verify_seconds: float
     tv_bound: float = 0.0  # bounded sampling: this round's total-variation bound
-    source: str = "model"  # what drafted: "model" or "lookup"
+    source: str = MODEL_SOURCE  # what drafted: "model", "lookup" or "prediction"
     candidates: int = 1  # lookup paths verified together (drafted is the one followed)
     declined: tuple[int, ...] = ()  # a lookup path not verified this round (a model draft went instead)
     drafted_ahead: bool = False  # the draft was made while the previous round was verified (a draft-ahead hit)

@@ -36,7 +36,7 @@ from proxy.decode.events import RoundEvent, SwitchEvent
 from proxy.decode.plain import PLAIN_CHUNK, plain_chunk
 from proxy.decode.reading import DraftReader
 from proxy.decode.session import Session
-from proxy.drafting.base import Draft, Drafter, DraftPlan
+from proxy.drafting.base import MODEL_SOURCE, Draft, Drafter, DraftPlan
 from proxy.sampling.candidates import verify_candidates
 from proxy.sampling.processors import one_hot
 from proxy.sampling.rejection import verify_on_support
@@ -214,7 +214,7 @@ class _Rounds:
             hit = await _resolve(self.ahead, draft, accepted, emitted, self.is_end)
             self.ahead = self.ahead if hit else None
         self.worst_tv = max(self.worst_tv, tv_bound)
-        asked = plan.k if draft.source == "model" else plan.lookup_k
+        asked = plan.k if draft.source == MODEL_SOURCE else plan.lookup_k
         session.publish(RoundEvent(
             session.request_id, session.route, self.index, asked, followed, accepted, emitted, drafted_at - started,
             time.perf_counter() - drafted_at, tv_bound, draft.source, 1 + len(draft.alternatives), draft.declined,
@@ -251,7 +251,7 @@ def _draft_ahead(session: Session, drafter: Drafter, context: list[int], draft: 
     pipelines and one may follow."""
     after = remaining - len(draft) - 1  # tokens still to emit if this round accepts everything
     k = model_k(decision)
-    if (not session.pipeline or draft.source != "model" or draft.alternatives or after <= 0
+    if (not session.pipeline or draft.source != MODEL_SOURCE or draft.alternatives or after <= 0
             or session.is_end(drafter)(draft.tokens[-1]) or k == 0):
         return None
     cap = max(after - 1, 1)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent, SwitchEvent
+from proxy.drafting.base import MODEL_SOURCE
 
 
 @dataclass
@@ -57,7 +58,7 @@ class RequestStats:
         self.rounds += 1
         self.ahead_started += event.ahead_hit is not None
         self.ahead_hits += event.drafted_ahead
-        self.round_trace.append((drafted, event.accepted) if event.source == "model"
+        self.round_trace.append((drafted, event.accepted) if event.source == MODEL_SOURCE
                                 else (drafted, event.accepted, event.source))
         self.drafted += drafted
         self.accepted += event.accepted
