@@ -15,14 +15,17 @@ from proxy.targets.stopping import StopSet, target_stop_set
 from proxy.targets.upstream import Upstream
 
 # Probe strings chosen to exercise pre-tokenization: code, whitespace runs, multi-byte UTF-8,
-# numbers, and chat special tokens.
+# numbers, and chat special tokens. Not the text `</s>`: llama.cpp reads it as one token in any
+# vocabulary that holds it (an end marker by its own rule, Qwen's included) where HF tokenizers split
+# it, and the draft's tokenizer only ever turns text into drafts (a prediction, the calibration), where
+# a different split costs a draft, never a token of output.
 PROBES = (
     "Hello, world! The quick brown fox jumps over the lazy dog.",
     "def fibonacci(n: int) -> int:\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n",
     "  \t leading whitespace,\r\n\r\nCRLF lines and    runs   of spaces",
     "Ünïcödé: naïve café, 数学, русский, emoji 🙂🚀, math ∑∫√",
     "1234567890 3.14159 -42 1e-9 0xFF",
-    "<|im_start|>user\nhi<|im_end|>\n<|endoftext|></s><s>",
+    "<|im_start|>user\nhi<|im_end|>\n<|endoftext|><s>",
 )
 
 

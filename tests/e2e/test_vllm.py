@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from proxy.targets.upstream import Timeouts, Upstream, UpstreamStatusError
 from proxy.targets.vllm import VLLMTarget
 from proxy.wire.request import CHAT, COMPLETION
 from tests import support as http
-from tests.e2e.servers import REPO, SMOL, Process, free_port, start_proxy
+from tests.e2e.servers import SMOL, Process, start_proxy
 from tests.e2e.vllm_harness import (
     LOGPROB_TOLERANCE,
     MODEL,
@@ -28,7 +26,7 @@ from tests.e2e.vllm_harness import (
     assert_same_position,
     divergence_margin,
     greedy,
-    stop_group,
+    served_vllm,
 )
 
 pytestmark = pytest.mark.vllm
@@ -37,7 +35,6 @@ pytestmark = pytest.mark.vllm
 # HTTP calls in a thread: a blocked event loop would miss vLLM closing idle keep-alive connections (after 5 s)
 # and reuse a dead one.
 
-SETUP_AND_START_TIMEOUT_S = 1800  # first run: install (about 3 min), convert (30 s), start (about 40 s)
 DEFAULT_MAX_LOGPROBS = 20  # vLLM's --max-logprobs default; the script does not change it
 K = 4
 
@@ -57,19 +54,8 @@ def vllm_url(log_dir: Path) -> Iterator[str]:
     if url := os.environ.get("SPECULOOS_VLLM_URL"):
         yield url.rstrip("/")
         return
-    port = free_port()
-    started = time.monotonic()
-    pid_file = log_dir / f"vllm-{port}.pid"
-    try:
-        result = subprocess.run([str(REPO / "scripts" / "start_vllm.sh"), str(port)], cwd=REPO, capture_output=True,
-                                text=True, timeout=SETUP_AND_START_TIMEOUT_S,
-                                env={**os.environ, "SPECULOOS_VLLM_LOG_DIR": str(log_dir)})
-        assert result.returncode == 0, f"scripts/start_vllm.sh failed:\n{result.stderr[-5000:]}"
-        print(f"vLLM set up and started in {time.monotonic() - started:.0f} s")
-        yield result.stdout.strip().splitlines()[-1]
-    finally:
-        if pid_file.exists():
-            stop_group(pid_file)
+    with served_vllm(log_dir) as url:
+        yield url
 
 
 @pytest_asyncio.fixture

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests import support as http
+from tests.e2e.servers import REPO, free_port
 
 MODEL = "smollm2-135m"  # the name scripts/start_vllm.sh serves it under
+SETUP_AND_START_TIMEOUT_S = 1800  # first run: install (about 3 min), convert (30 s), start (about 40 s)
 STOP_TIMEOUT_S = 30.0
 LOGPROB_TOLERANCE = 1e-3  # batched prompt scoring vs one-token decoding, float32: about 5e-5 measured
 TOP_N = 5
@@ -32,11 +37,31 @@ def stop_group(pid_file: Path) -> None:
         pass
 
 
-def greedy(url: str, prompt: list[int], max_tokens: int,
-           top_n: int = TOP_N) -> tuple[list[int], list[dict[int, float]]]:
+@contextmanager
+def served_vllm(log_dir: Path, model: str = MODEL, *arguments: str) -> Iterator[str]:
+    """The URL of a vLLM that scripts/start_vllm.sh sets up and starts serving `model` (with `arguments`), stopped
+    on leaving."""
+    port = free_port()
+    started = time.monotonic()
+    pid_file = log_dir / f"vllm-{port}.pid"
+    try:
+        result = subprocess.run([str(REPO / "scripts" / "start_vllm.sh"), str(port), *arguments], cwd=REPO,
+                                capture_output=True, text=True, timeout=SETUP_AND_START_TIMEOUT_S,
+                                env={**os.environ, "SPECULOOS_VLLM_LOG_DIR": str(log_dir),
+                                     "SPECULOOS_VLLM_MODEL": model})
+        assert result.returncode == 0, f"scripts/start_vllm.sh failed:\n{result.stderr[-5000:]}"
+        print(f"vLLM ({model}) set up and started in {time.monotonic() - started:.0f} s")
+        yield result.stdout.strip().splitlines()[-1]
+    finally:
+        if pid_file.exists():
+            stop_group(pid_file)
+
+
+def greedy(url: str, prompt: list[int], max_tokens: int, top_n: int = TOP_N,
+           model: str = MODEL) -> tuple[list[int], list[dict[int, float]]]:
     """vLLM's own greedy tokens and, per step, its top logprobs by id."""
     reply = http.post_json(url + "/v1/completions", {
-        "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
         "logprobs": top_n, "return_token_ids": True, "return_tokens_as_token_ids": True})
     assert reply.status == 200, reply.body
     choice = reply.json()["choices"][0]
@@ -63,14 +88,15 @@ def assert_same_position(scored: Any, generated: int, generated_top: dict[int, f
             assert logprob == pytest.approx(generated_top[token], abs=LOGPROB_TOLERANCE)
 
 
-def divergence_margin(url: str, prompt_ids: list[int], expected: list[int], actual_text: str) -> tuple[int, float]:
+def divergence_margin(url: str, prompt_ids: list[int], expected: list[int], actual_text: str,
+                      model: str = MODEL) -> tuple[int, float]:
     """The first of vLLM's tokens the proxy's text lacks, and vLLM's top-two margin there."""
     index = 0
     while index < len(expected):
-        text = http.post_json(url + "/detokenize", {"model": MODEL, "tokens": expected[: index + 1]}).json()["prompt"]
+        text = http.post_json(url + "/detokenize", {"model": model, "tokens": expected[: index + 1]}).json()["prompt"]
         if not actual_text.startswith(text):
             break
         index += 1
-    _, tops = greedy(url, prompt_ids + expected[:index], 1, top_n=2)
+    _, tops = greedy(url, prompt_ids + expected[:index], 1, top_n=2, model=model)
     first, second = sorted(tops[0].values(), reverse=True)[:2]
     return index, first - second
