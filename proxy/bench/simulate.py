@@ -1,11 +1,12 @@
 """SIMULATION: replay recorded per-round acceptance under a stated cost model.
 
 A trace (written by `speculoos bench --record-trace`) lists, per speculative request, each round
-as [drafted, accepted], or [drafted, accepted, source] for a draft-free path: "lookup" costs no draft
-time, "prediction" one draft step (the model checks the client's prediction in one batched pass, an
-upper bound where it did not); a round emits accepted + 1 tokens. The cost model is
+as [drafted, accepted], or [drafted, accepted, source, steps] for a lookup or prediction path, steps
+being the draft model's steps it took (one for reading the path in one batched pass, one per token
+the model drafted ahead of it); traces without steps charge a prediction one step and a lookup none.
+A round emits accepted + 1 tokens. The cost model is
 proxy/control/cost_model.py's CostModel, the one a route with fallback.assume_costs decides by:
-    round      drafted · draft_ms (model drafts; one for a prediction) + verify_ms(drafted) + rtt_ms
+    round      steps · draft_ms (drafted, for model drafts) + verify_ms(drafted) + rtt_ms
     verify_ms  verify_ms_flat + verify_ms_per_token · (drafted + 1)     (tokens evaluated)
                or, from a measured curve (`--cost-curve`, written by proxy/bench/gpu_costs.py),
                as the controller predicts from measured K: linear between the measured K around
@@ -94,6 +95,7 @@ class TracedRequest:
     plain_tokens: int = 0  # decoded plainly after a mid-stream switch or a lookup miss
     sources: tuple[str, ...] = ()  # per round: what drafted it ("model", "lookup", "prediction")
     plain_calls: int = 0  # plain chunks after lookup misses, each a round trip
+    steps: tuple[int | None, ...] = ()  # per round: the model's steps for a path (None: the source's usual)
 
 
 def parse_trace(document: Any, source: str) -> list[TracedRequest]:
@@ -105,12 +107,14 @@ def parse_trace(document: Any, source: str) -> list[TracedRequest]:
         rounds = entry.get("rounds")
         if rounds is None:
             continue  # the proxy did not report per-round acceptance for this request
-        if not all(isinstance(r, list) and len(r) in (2, 3) and 0 <= r[1] <= r[0] for r in rounds):
-            raise SimulationError(f"{source}: requests[{i}].rounds must be [drafted, accepted(, source)] entries")
+        if not all(isinstance(r, list) and len(r) in (2, 3, 4) and 0 <= r[1] <= r[0] for r in rounds):
+            raise SimulationError(f"{source}: requests[{i}].rounds must be [drafted, accepted(, source(, steps))] "
+                                  "entries")
         requests.append(TracedRequest(entry["workload"], entry["mode"], tuple((int(r[0]), int(r[1])) for r in rounds),
                                       int(entry.get("plain_tokens") or 0),
-                                      tuple(str(r[2]) if len(r) == 3 else MODEL_SOURCE for r in rounds),
-                                      int(entry.get("plain_calls") or 0)))
+                                      tuple(str(r[2]) if len(r) >= 3 else MODEL_SOURCE for r in rounds),
+                                      int(entry.get("plain_calls") or 0),
+                                      tuple(int(r[3]) if len(r) == 4 else None for r in rounds)))
     if not requests:
         raise SimulationError(f"{source}: no request has per-round data (the proxy's `speculoos` object "
                               f"must carry round_trace)")
@@ -135,8 +139,9 @@ def replay(request: TracedRequest, model: CostModel) -> Replay:
     """Time one request's rounds, and the same tokens decoded plainly."""
     tokens = sum(accepted + 1 for _, accepted in request.rounds) + request.plain_tokens
     sources = request.sources or (MODEL_SOURCE,) * len(request.rounds)
-    speculative = (sum(model.round_ms(drafted, source=source) for (drafted, _), source in zip(request.rounds, sources,
-                                                                                              strict=True))
+    steps = request.steps or (None,) * len(request.rounds)
+    speculative = (sum(model.round_ms(drafted, source=source, steps=step)
+                       for (drafted, _), source, step in zip(request.rounds, sources, steps, strict=True))
                    + request.plain_tokens * model.plain_ms + request.plain_calls * model.rtt_ms)
     return Replay(tokens, speculative, model.rtt_ms + tokens * model.plain_ms)
 

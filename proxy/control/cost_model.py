@@ -134,10 +134,11 @@ class CostModel:
                                         floor=MIN_VERIFY_SECONDS * 1000.0)
         return self.verify_ms_flat + self.verify_ms_per_token * (drafted + 1)
 
-    def round_ms(self, drafted: float, *, source: str = MODEL_SOURCE) -> float:
-        """One sequential speculative round: a model draft costs a step a token, the prediction's check one step, a
-        lookup nothing."""
-        draft_steps = drafted if source == MODEL_SOURCE else 1.0 if source == PREDICTION else 0.0
+    def round_ms(self, drafted: float, *, source: str = MODEL_SOURCE, steps: float | None = None) -> float:
+        """One sequential speculative round: a model draft costs a step a token; a path, the model's `steps` (its
+        check, the tokens it led with), else by its source: the prediction's check one step, a lookup nothing."""
+        draft_steps = (drafted if source == MODEL_SOURCE else steps if steps is not None
+                       else 1.0 if source == PREDICTION else 0.0)
         return draft_steps * self.draft_ms + self.verify_ms(drafted) + self.rtt_ms
 
     def verify_seconds(self, k: int) -> float:

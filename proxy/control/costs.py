@@ -106,7 +106,8 @@ class RouteCosts:
                 self.guess_right.add(1.0 if event.ahead_hit else 0.0)
             self.record_round(len(event.drafted), event.accepted, event.draft_seconds, event.verify_seconds,
                               costs=event.warm and event.candidates == 1, lookup=event.source != MODEL_SOURCE,
-                              drafting_seconds_per_token=event.drafting_seconds_per_token, context=event.context)
+                              drafting_seconds_per_token=event.drafting_seconds_per_token, context=event.context,
+                              led=event.led)
             if event.source == MODEL_SOURCE and event.warm:
                 self.model_round_seconds.add(event.draft_seconds + event.verify_seconds)
                 self.model_round_tokens.add(len(event.emitted))
@@ -118,7 +119,7 @@ class RouteCosts:
 
     def record_round(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float,
                      *, costs: bool = True, lookup: bool = False, drafting_seconds_per_token: float | None = None,
-                     context: int = 0) -> None:
+                     context: int = 0, led: int = 0) -> None:
         """One round's outcome, and its costs unless they include a prefill or several candidates (costs=False).
 
         α and the draft's time per token describe the model draft (what K is chosen for); lookup
@@ -126,10 +127,12 @@ class RouteCosts:
         is what drafting itself took when the drafter timed it apart: a round drafted ahead only waited
         for the end of its draft, and a model that first read context it had not seen was not drafting.
         """
-        if k > 0 and lookup:
-            self.lookup_alpha.add(accepted / k)
-            for position in range(min(k, len(self.lookup_survival))):
-                self.lookup_survival[position].add(1.0 if position < accepted else 0.0)
+        if lookup:
+            if k > led and accepted >= led:  # a path the model led with its own tokens counts from where it starts
+                path, right = k - led, accepted - led
+                self.lookup_alpha.add(right / path)
+                for position in range(min(path, len(self.lookup_survival))):
+                    self.lookup_survival[position].add(1.0 if position < right else 0.0)
         elif k > 0:
             self.alpha.add(accepted / k)
             for position in range(min(k, len(self.alpha_per_position))):

@@ -164,17 +164,17 @@ class RequestPolicy:
         if isinstance(event, RoundEvent):
             self.context = event.context + len(event.emitted)
             self.rounds += 1
-            if event.source == MODEL_SOURCE:
-                if event.warm:  # a round that paid the prompt's prefill says nothing of drafting's speed
-                    self._timed_rounds += 1
-                    self._timed_tokens += len(event.emitted)
-                    self._timed_seconds += event.draft_seconds + event.verify_seconds
-                    self._timed_ceiling += len(event.drafted) + 1
-                self.drafted += len(event.drafted)
-                self.accepted += event.accepted
-                for position in range(min(len(event.drafted), len(self._reached))):
-                    self._reached[position] += 1
-                    self._survived[position] += position < event.accepted
+            if event.source == MODEL_SOURCE and event.warm:  # a prefill's round says nothing of drafting's speed
+                self._timed_rounds += 1
+                self._timed_tokens += len(event.emitted)
+                self._timed_seconds += event.draft_seconds + event.verify_seconds
+                self._timed_ceiling += len(event.drafted) + 1
+            sampled = event.model_drafted  # the model's acceptance, also where it led a path
+            self.drafted += sampled
+            self.accepted += min(event.accepted, sampled)
+            for position in range(min(sampled, len(self._reached))):
+                self._reached[position] += 1
+                self._survived[position] += position < event.accepted
         self.lookup.observe(event)
 
     def _read(self, agreed: Sequence[bool]) -> None:

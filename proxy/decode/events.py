@@ -31,6 +31,8 @@ class RoundEvent:
     source: str = MODEL_SOURCE  # what drafted: "model", "lookup" or "prediction"
     candidates: int = 1  # lookup paths verified together (drafted is the one followed)
     declined: tuple[int, ...] = ()  # a lookup path not verified this round (a model draft went instead)
+    led: int = 0  # drafted tokens the model sampled ahead of the source's path (a prediction rejoined after an edit)
+    checked: bool = False  # the model read the path in one batched step before it was verified
     drafted_ahead: bool = False  # the draft was made while the previous round was verified (a draft-ahead hit)
     # What drafting itself took per token (draft_seconds is only the wait for a pre-draft's end, and includes the
     # model's reading of context it had not seen); None: not timed apart
@@ -38,6 +40,16 @@ class RoundEvent:
     ahead_hit: bool | None = None  # the next round was drafted ahead during this one: used (True) or dropped
     context: int = 0  # tokens before the draft (the target evaluates them again unless it caches them)
     prefill: bool | None = None  # the round paid the prompt's prefill (None: a first round does)
+
+    @property
+    def model_drafted(self) -> int:
+        """How many of the drafted tokens the model sampled."""
+        return len(self.drafted) if self.source == MODEL_SOURCE else self.led
+
+    @property
+    def draft_steps(self) -> int:
+        """The model's steps the draft took: one a sampled token, one for reading a path."""
+        return self.model_drafted + self.checked
 
     @property
     def warm(self) -> bool:

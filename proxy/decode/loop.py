@@ -218,7 +218,7 @@ class _Rounds:
         session.publish(RoundEvent(
             session.request_id, session.route, self.index, asked, followed, accepted, emitted, drafted_at - started,
             time.perf_counter() - drafted_at, tv_bound, draft.source, 1 + len(draft.alternatives), draft.declined,
-            drafted_ahead=ahead is not None,
+            led=draft.led, checked=draft.checked, drafted_ahead=ahead is not None,
             drafting_seconds_per_token=ahead.seconds_per_token if ahead else draft.seconds_per_token,
             ahead_hit=hit, context=len(self.context), prefill=session.at_prompt(self.context)))
         self.index += 1

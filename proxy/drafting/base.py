@@ -15,6 +15,7 @@ import numpy as np
 from proxy.sampling.processors import SamplerOrder, SamplingParams
 
 MODEL_SOURCE = "model"  # a draft the model sampled, token by token
+LOOKUP_SOURCE = "lookup"  # a path found in the context or the history
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class Draft:
     source: str = MODEL_SOURCE  # "model", "lookup" (found in the context or history) or "prediction" (the client's)
     alternatives: tuple[tuple[int, ...], ...] = ()  # more deterministic candidates, verified in the same round
     declined: tuple[int, ...] = ()  # a lookup path found but judged not worth verifying (the policy learns from it)
+    led: int = 0  # leading tokens the model sampled before a deterministic path took over (an edit, then the copy)
+    checked: bool = False  # the model read the path in one batched step and cut it where it would write otherwise
     # The model's time per drafted token, its reading of context it had not seen left out (None: not timed,
     # the round's draft time stands for it)
     seconds_per_token: float | None = None

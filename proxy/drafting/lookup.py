@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from proxy.drafting.base import Draft, Drafter, DraftPlan
+from proxy.drafting.base import LOOKUP_SOURCE, Draft, Drafter, DraftPlan
 from proxy.drafting.edits import Edit, in_prompt_words, learn_edits, replay
 from proxy.drafting.suffix import MAX_MATCH, Continuation, LookupSettings, OutputHistory, ScopedHistory, continuations
 from proxy.sampling.processors import one_hot
@@ -117,9 +117,9 @@ class SuffixDrafter(LookupDrafter):
             self._requests[plan.request_id] = (prompt_length, context, scope)
         paths, declined = self.paths(context, plan)
         if not paths:
-            return Draft((), one_hot((), self.vocabulary.n_vocab), "lookup", declined=declined)
+            return Draft((), one_hot((), self.vocabulary.n_vocab), LOOKUP_SOURCE, declined=declined)
         best, *alternatives = paths
-        return Draft(best, one_hot(best, self.vocabulary.n_vocab), "lookup", tuple(alternatives))
+        return Draft(best, one_hot(best, self.vocabulary.n_vocab), LOOKUP_SOURCE, tuple(alternatives))
 
     def paths(self, context: Sequence[int], plan: DraftPlan) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
         """Lookup paths worth verifying, best first (the first from the better of context and history), and the

@@ -18,6 +18,9 @@ how many tokens matched). A path ends below MIN_ESTIMATE, so long copies earn lo
 request's policy then trims it by the costs, as for lookup paths. Where the round lets the draft
 model draft, the model reads the path in one batched step and the path ends at the first token the
 model would write differently, with the model's token in its place (`PredictionDrafter._checked`).
+Where the output has departed, the model drafts the edit; when its tokens bring the output back to
+the prediction, the copy goes on in the same round (the model's `led` tokens, then the path). A
+lookup path the route's drafter finds instead is checked the same way.
 The draft is deterministic: one-hot, verified exactly as any lookup path is.
 """
 
@@ -28,7 +31,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from proxy.drafting.base import Draft, Drafter, DraftPlan
+from proxy.drafting.base import LOOKUP_SOURCE, MODEL_SOURCE, Draft, Drafter, DraftPlan
 from proxy.drafting.edits import MAX_INSERTED, MAX_REMOVED, MIN_ANCHOR, Edit, replay
 from proxy.drafting.suffix import MAX_MATCH, Continuation, match_lengths
 from proxy.engine.prefix import common_prefix_length
@@ -158,26 +161,52 @@ class PredictionDrafter:
 
     async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
         """The prediction's path after context (trimmed to what is worth verifying, and checked by the draft model
-        where the round lets it draft), else the route drafter's."""
+        where the round lets it draft), else the route drafter's, which the prediction may then continue."""
         limit = plan.lookup_k or plan.k
         # Not before the first token: the model would read the whole prompt first, and the client wait for it.
         may_check = (self._has_model and plan.k > 0 and len(context) > self._prompt_length
                      and self._drafter.fits(len(context) + limit))
-        # A path the model checks may run as far as the round allows: the model cuts it where the output departs.
-        path = self.alignment(context[self._prompt_length:]).path(limit, floor=0.0 if may_check else MIN_ESTIMATE)
-        declined: tuple[int, ...] = ()
-        if path.tokens:
-            length = plan.worth(path.probs) if plan.worth is not None else len(path.tokens)
-            if length > 0:
-                tokens = path.tokens[:length]
-                if may_check:
-                    tokens = await self._checked(context, plan.request_id, tokens)
-                return Draft(tokens, one_hot(tokens, self.vocabulary.n_vocab), PREDICTION)
-            declined = path.tokens
+        aligned = self.alignment(context[self._prompt_length:])
+        tokens, declined = await self._copy(aligned, context, plan, limit, may_check)
+        if tokens:
+            return Draft(tokens, one_hot(tokens, self.vocabulary.n_vocab), PREDICTION, checked=may_check)
         if plan.k == 0 and not self._drafter.looks_up:
             return Draft((), one_hot((), self.vocabulary.n_vocab), PREDICTION, declined=declined)
-        found = await self._drafter.propose(context, plan)
+        editing = may_check and not aligned.synced
+        found = await self._drafter.propose(context, _model_first(plan) if editing else plan)
+        if editing and found.source == MODEL_SOURCE and 0 < len(found) < limit:
+            return await self._rejoined(context, plan, found, limit)
+        if may_check and found.source == LOOKUP_SOURCE and len(found) > 1 and not found.alternatives:
+            tokens = await self._checked(context, plan.request_id, found.tokens)  # a lookup path is cut the same way
+            found = replace(found, tokens=tokens, probs=one_hot(tokens, self.vocabulary.n_vocab), checked=True)
         return found if found.declined or not declined else replace(found, declined=declined)
+
+    async def _copy(self, aligned: Alignment, context: Sequence[int], plan: DraftPlan, limit: int,
+                    checked: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(the prediction's path from the alignment worth verifying, the path found but not worth it)."""
+        # A path the model checks may run as far as the round allows: the model cuts it where the output departs.
+        path = aligned.path(limit, floor=0.0 if checked else MIN_ESTIMATE)
+        length = plan.worth(path.probs) if plan.worth is not None and path.tokens else len(path.tokens)
+        if length <= 0:
+            return (), path.tokens
+        tokens = path.tokens[:length]
+        return (await self._checked(context, plan.request_id, tokens) if checked else tokens), ()
+
+    async def _rejoined(self, context: Sequence[int], plan: DraftPlan, draft: Draft, limit: int) -> Draft:
+        """The model's draft, then the prediction if the draft brings the output back to it: where the output
+        departed for an edit, the model drafts the edit's new tokens and the copy goes on in the same round."""
+        if self.vocabulary.is_end_of_generation(draft.tokens[-1]):
+            return draft
+        drafted = [*context, *draft.tokens]
+        aligned = self.alignment(drafted[self._prompt_length:])
+        if not aligned.synced:
+            return draft
+        tokens, _ = await self._copy(aligned, drafted, plan, limit - len(draft), checked=True)
+        if not tokens:
+            return draft
+        probs = np.concatenate([draft.probs, one_hot(tokens, self.vocabulary.n_vocab)])
+        return replace(draft, tokens=draft.tokens + tokens, probs=probs, source=PREDICTION, led=len(draft),
+                       checked=True)
 
     async def _checked(self, context: Sequence[int], request_id: str, tokens: tuple[int, ...]) -> tuple[int, ...]:
         """The path up to the first token the draft model would not write there, then the model's token instead.
@@ -219,3 +248,13 @@ class PredictionDrafter:
 
     def close(self) -> None:
         """Nothing: the route's drafter outlives the request."""
+
+
+def _model_first(plan: DraftPlan) -> DraftPlan:
+    """The plan while the output departs from the prediction: the model, which read the edit asked for, drafts it,
+    and a lookup path shorter than its draft gives way."""
+    def worth(probs: Sequence[float]) -> int:
+        length = plan.worth(probs) if plan.worth is not None else len(probs)
+        return length if length >= plan.k else 0
+
+    return replace(plan, worth=worth)

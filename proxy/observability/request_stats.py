@@ -18,7 +18,8 @@ class RequestStats:
     accepted: int = 0
     emitted: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
-    round_trace: list[tuple] = field(default_factory=list)  # (drafted, accepted) per round, + "lookup" for lookups
+    # (drafted, accepted) per model round; (drafted, accepted, source, the model's steps) per lookup or prediction
+    round_trace: list[tuple] = field(default_factory=list)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     max_tv_bound: float = 0.0  # bounded sampling: the largest per-token total-variation bound seen
@@ -32,7 +33,8 @@ class RequestStats:
     ahead_hits: int = 0  # rounds whose draft was drafted ahead and used
     read_tokens: int = 0  # plain tokens the draft read (greedy requests), and how many it would have drafted itself
     read_agreed: int = 0
-    by_source: dict[str, list[int]] = field(default_factory=dict)  # source -> [rounds, drafted, accepted]
+    # source -> [rounds, drafted, accepted]; tokens the model led a path with count as the model's
+    by_source: dict[str, list[int]] = field(default_factory=dict)
     plain_rate: Callable[[], float | None] = lambda: None  # the route's measured plain tokens/s
 
     def __call__(self, event: Event) -> None:
@@ -52,14 +54,15 @@ class RequestStats:
             self.switched_to_plain = True
 
     def _add_round(self, event: RoundEvent) -> None:
-        drafted = len(event.drafted)
-        source = self.by_source.setdefault(event.source, [0, 0, 0])
-        source[0], source[1], source[2] = source[0] + 1, source[1] + drafted, source[2] + event.accepted
+        drafted, led = len(event.drafted), event.led
+        self._add_source(event.source, 1, drafted - led, max(event.accepted - led, 0))
+        if led:
+            self._add_source(MODEL_SOURCE, 0, led, min(event.accepted, led))
         self.rounds += 1
         self.ahead_started += event.ahead_hit is not None
         self.ahead_hits += event.drafted_ahead
         self.round_trace.append((drafted, event.accepted) if event.source == MODEL_SOURCE
-                                else (drafted, event.accepted, event.source))
+                                else (drafted, event.accepted, event.source, event.draft_steps))
         self.drafted += drafted
         self.accepted += event.accepted
         self.emitted += len(event.emitted)
@@ -72,6 +75,10 @@ class RequestStats:
             self.accepted_per_position.append(0)
         for position in range(event.accepted):
             self.accepted_per_position[position] += 1
+
+    def _add_source(self, source: str, rounds: int, drafted: int, accepted: int) -> None:
+        counts = self.by_source.setdefault(source, [0, 0, 0])
+        counts[0], counts[1], counts[2] = counts[0] + rounds, counts[1] + drafted, counts[2] + accepted
 
     def _add_prefill(self, tokens: int, seconds: float) -> None:
         self.prefill_tokens += tokens

@@ -1,9 +1,10 @@
 """Seeded chi-square tests of the round loop over many requests through a fake upstream (its real HTTP): the tokens
-of rounds drafted ahead and of prediction rounds follow the target's distribution, and a draft that claims a wrong
-distribution fails the same test. Thousands of requests: beside the end-to-end tier rather than in the unit tier."""
+of rounds drafted ahead, of prediction rounds and of rounds the model led into the prediction follow the target's
+distribution, and a draft that claims a wrong distribution fails the same test. Thousands of requests: beside the end-to-end tier rather than in the unit tier."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -11,8 +12,11 @@ import pytest
 
 from proxy.decode import ahead
 from proxy.drafting import prediction
+from proxy.drafting.base import Draft, DraftPlan
 from proxy.drafting.prediction import PREDICTION
-from proxy.sampling.processors import SamplingParams
+from proxy.sampling.processors import SamplingParams, one_hot
+from tests.fakes.drafter import ToyDrafter
+from tests.fakes.toy_model import ToyModel
 from tests.unit.decode.harness import PROMPT, EmittedTokens, Served, run
 from tests.unit.decode.test_ahead import near_draft
 from tests.unit.decode.test_prediction_rounds import predicted
@@ -101,5 +105,64 @@ async def test_prediction_drafts_with_the_wrong_distribution_fail_the_same_test(
 
     monkeypatch.setattr(prediction.PredictionDrafter, "propose", uniform)
     pvalue, tokens = await prediction_pvalue(served)
+    print(f"negative control: chi-square p = {pvalue:.2e} over {tokens} tokens")
+    assert pvalue < SIGNIFICANCE**2
+
+
+# Seeded chi-square of the tokens of rounds the model leads into a deterministic path, as it leads an edit back into
+# the prediction: drafted tokens sampled from the model (their rows its distribution), then one-hot rows.
+
+LED_TOKENS = 8
+LED_REQUESTS = 500
+
+
+class LeadingDrafter(ToyDrafter):
+    """Samples k tokens from its model, then goes on with the target's greedy continuation after them (unless the
+    model drew the end): the shape of a round the model leads into the prediction."""
+
+    def __init__(self, model: ToyModel, path: ToyModel) -> None:
+        super().__init__(model)
+        self.path = path
+
+    async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
+        draft = await super().propose(context, plan)
+        if not draft.tokens or self.vocabulary.is_end_of_generation(draft.tokens[-1]):
+            return draft
+        path = self.path.greedy([*context, *draft.tokens], 3)
+        return replace(draft, tokens=draft.tokens + tuple(path), source=PREDICTION, led=len(draft),
+                       probs=np.concatenate([draft.probs, one_hot(path, self.model.vocab)]))
+
+
+async def led_pvalue(served: Served, drafter: LeadingDrafter | None = None) -> tuple[float, int]:
+    """The chi-square p-value of the tokens of rounds the model led, over seeded requests, and their count."""
+    drafter = drafter or LeadingDrafter(near_draft(served.model).model, served.model)  # a leak shows everywhere
+    tokens = EmittedTokens(served, CHI_PARAMS)
+    for seed in range(LED_REQUESTS):
+        batches, events = await run(served, drafter, LED_TOKENS, k=2, params=CHI_PARAMS, seed=seed)
+        tokens.add(batches, events, lambda event: event.led > 0)  # every round but one the model's draft ended
+    return tokens.pvalue()
+
+
+@pytest.mark.parametrize("protocol", ["vllm"])
+async def test_tokens_of_rounds_the_model_led_follow_the_target_distribution(served: Served) -> None:
+    pvalue, tokens = await led_pvalue(served)
+    print(f"chi-square p = {pvalue:.4f} over {tokens} tokens of rounds the model led")
+    assert tokens >= 1000
+    assert pvalue >= SIGNIFICANCE
+
+
+@pytest.mark.parametrize("protocol", ["vllm"])
+async def test_led_rounds_whose_model_rows_are_wrong_fail_the_same_test(served: Served) -> None:
+    """Negative control: led rounds whose sampled tokens claim the uniform distribution, not the one they were drawn
+    from, are caught."""
+
+    class Uniform(LeadingDrafter):
+        async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
+            draft = await super().propose(context, plan)
+            probs = draft.probs.copy()
+            probs[:draft.led] = 1.0 / probs.shape[1]
+            return replace(draft, probs=probs)
+
+    pvalue, tokens = await led_pvalue(served, Uniform(near_draft(served.model).model, served.model))
     print(f"negative control: chi-square p = {pvalue:.2e} over {tokens} tokens")
     assert pvalue < SIGNIFICANCE**2

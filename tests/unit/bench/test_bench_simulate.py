@@ -93,3 +93,13 @@ def test_lookup_rounds_cost_no_draft_time_and_plain_chunks_cost_a_round_trip() -
     timed = simulate.replay(request, model)
     assert timed.tokens == 17 + 3 + 8
     assert timed.speculative_ms == pytest.approx((30 + 2) + (4 * 10 + 30 + 2) + 8 * 30 + 2 * 2)
+
+
+def test_a_path_round_charges_the_models_steps_it_took() -> None:
+    document = {"format": simulate.TRACE_FORMAT, "requests": [{"workload": "w", "mode": "on", "rounds": [
+        [12, 12, "prediction", 5], [12, 12, "prediction"], [4, 4, "lookup"], [8, 2, "lookup", 1], [4, 4]]}]}
+    request, = simulate.parse_trace(document, "trace")
+    assert request.steps == (5, None, None, 1, None)
+    assert request.sources == ("prediction", "prediction", "lookup", "lookup", "model")
+    result = simulate.replay(request, GPU)  # steps: 4 led + the check, 1 (a prediction's usual), 0, 1, 4 drafted
+    assert result.speculative_ms == pytest.approx(5 * 10.0 + (5 + 1 + 0 + 1 + 4) * 1.0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from proxy.config.schema import AssumedCostsConfig, FallbackConfig
@@ -61,6 +63,10 @@ def test_model_and_lookup_acceptance_are_kept_apart() -> None:
     costs.record_round(16, 16, 0.0, 0.5, lookup=True)
     assert costs.alpha.value == 0.25 and costs.lookup_alpha.value == 1.0
     assert costs.draft_per_token.samples == 1 and set(costs.verify_by_k) == {4, 16}
+    costs.record_round(12, 6, 0.1, 0.4, lookup=True, led=4)  # the model's 4 tokens, then 2 of the path's 8
+    costs.record_round(12, 2, 0.1, 0.4, lookup=True, led=4)  # the model's own tokens rejected: the path untried
+    assert costs.lookup_alpha.samples == 2 and costs.lookup_survival[2].samples == 2
+    assert costs.alpha.samples == 1 and costs.verify_by_k[12].samples == 2
 
 
 def lookup_round(drafted: int, accepted: int) -> RoundEvent:
@@ -105,3 +111,15 @@ def test_declined_paths_are_checked_against_what_the_target_produced() -> None:
 def test_under_assumed_gpu_costs_a_weak_tail_is_verified_too() -> None:
     costs = AssumedCosts(0.1, 8, AssumedCostsConfig(draft_ms=4, verify_ms_flat=25, plain_ms=25, rtt_ms=2))
     assert lookup_length(costs, [1.0] * 4 + [0.2] * 12, competing_rate=costs.plain_rate) == 16
+
+
+def test_a_path_the_model_led_counts_from_where_the_path_starts() -> None:
+    policy = RequestPolicy(measured(CPU), FallbackConfig(), 4, start=Choice(4, "configured"))
+    led = RoundEvent("r", "route", 1, 16, tuple(range(16)), 6, (0,) * 7, 0.0, 0.1, source="prediction", led=4)
+    policy.observe(led)  # the model's 4 tokens accepted, then 2 of the path's 12
+    assert (policy.lookup.lookups, policy.lookup.tried[:13].tolist()) == (1, [1.0] * 12 + [0.0])
+    assert policy.lookup.right[:3].tolist() == [1.0, 1.0, 0.0]
+    assert (policy.drafted, policy.accepted) == (4, 4)  # the model's part is the model's acceptance
+    cut = replace(led, accepted=2, emitted=(0,) * 3)  # the edit itself was rejected: the path was never compared
+    policy.observe(cut)
+    assert policy.lookup.lookups == 1 and (policy.drafted, policy.accepted) == (8, 6)

@@ -1,5 +1,5 @@
-"""Prediction drafts in the round loop: greedy identity with a right, half right and wrong prediction, and a seeded
-chi-square of the tokens prediction rounds emit at temperature 1, with a negative control."""
+"""Prediction drafts in the round loop: greedy identity with a right, half right and wrong prediction (the seeded
+chi-square of prediction rounds at temperature 1 is in tests/e2e/rounds/test_round_statistics.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,3 @@ async def test_greedy_output_is_the_targets_whatever_the_prediction(served: Serv
     assert sum(e.accepted for e in drafted) >= right - len(drafted)
     assert share_right or not any(e.accepted for e in drafted)
 
-
-# Seeded chi-square of the tokens that prediction rounds emitted: given its context, each must follow the target's
-# distribution there, whatever the prediction said; so each adds its context's target distribution to the expected
-# counts.

@@ -9,7 +9,9 @@ from dataclasses import replace
 
 import pytest
 
+from proxy.drafting.base import Draft
 from proxy.drafting.prediction import PREDICTION, PredictionDrafter
+from proxy.sampling.processors import one_hot
 from tests.fakes.drafter import ScriptedDrafter
 from tests.unit.drafting.plans import plan
 
@@ -31,9 +33,12 @@ CHANGED = [100 + 10 * 2, 777, *line(2)[2:]]  # line 2 with its second token repl
 
 
 class WideVocabulary:
-    """Room for the test's token ids."""
+    """Room for the test's token ids (none of which ends a generation)."""
 
     n_vocab = 2048
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return False
 
 
 def route_drafter(script=lambda context, k: []) -> ScriptedDrafter:
@@ -155,6 +160,7 @@ async def test_the_draft_model_checks_the_path_and_writes_its_own_token_where_it
     whole = await drafter.propose(prompt + LONG[:1], plan(32))
     # Checked by the model, the path runs to the round's limit; unchecked, its estimates end it.
     assert whole.tokens == tuple(LONG[1:33]) and agreeing.reads == [LONG[1:33]]
+    assert whole.checked and not first.checked
     assert len((await unchecked.propose(prompt + LONG[:1], plan(32))).tokens) < 32
     leaving = ReadingDrafter(agreeing_except(5, 777))
     cut = await PredictionDrafter(leaving, LONG, prompt_length=len(prompt)).propose(prompt + LONG[:1], plan(32))
@@ -166,3 +172,44 @@ async def test_no_check_where_the_round_lets_the_model_draft_nothing() -> None:
     drafter = PredictionDrafter(model, LONG, prompt_length=3)
     found = await drafter.propose([1, 2, 3, LONG[0]], replace(plan(8), k=0))  # lookups only (the prompt being read)
     assert found.tokens == tuple(LONG[1:9]) and model.reads == []
+
+
+async def test_after_an_edit_the_models_draft_leads_and_the_prediction_follows_in_the_same_round() -> None:
+    prompt = [1, 2, 3]
+    written = lines(0, 1) + CHANGED[:2]  # line 2's second token replaced: the output left the prediction
+    goes_on = CHANGED[2:] + lines(3, 4, 5)  # ... and is back on it two tokens later
+
+    def next_of(context: Sequence[int]) -> list[int]:
+        return goes_on[len(context) - len(prompt) - len(written):]
+
+    model = ReadingDrafter(lambda context: next_of(context)[0])
+    plans: list = []
+    model.script = lambda context, k: next_of(context)[:k]
+    model.propose = lambda context, asked: plans.append(asked) or ReadingDrafter.propose(model, context, asked)
+    drafter = PredictionDrafter(model, PREDICTION_IDS, prompt_length=len(prompt))
+    found = await drafter.propose(prompt + written, replace(plan(16), k=4))
+    assert (found.source, found.led, found.tokens) == (PREDICTION, 4, tuple(goes_on[:16]))
+    # Asked of the route's drafter during the edit: a lookup path shorter than the model's 4 tokens gives way.
+    assert (plans[0].worth([1.0] * 3), plans[0].worth([1.0] * 5)) == (0, 5)
+    assert found.probs.shape == (16, WideVocabulary.n_vocab) and (found.probs.max(axis=1) == 1).all()
+    assert model.reads == [goes_on[4:16]]  # the model checked the prediction's part, after its own
+    model.script = lambda context, k: [500, 501, 502, 503][:k]  # an edit that does not come back to the prediction
+    alone = await drafter.propose(prompt + written, replace(plan(16), k=4))
+    assert (alone.source, alone.led, alone.tokens) == ("model", 0, (500, 501, 502, 503))
+    declined = await drafter.propose(prompt + written, replace(plan(16, worth=lambda probs: 0), k=4))
+    assert declined.led == 0 and declined.source == "model"  # a path not worth verifying is not added either
+
+
+async def test_a_lookup_path_in_a_prediction_request_is_checked_too() -> None:
+    prompt, found = [1, 2, 3], [600 + i for i in range(8)]
+    written = len(prompt) + len(LONG)
+    model = ReadingDrafter(lambda context: 999 if len(context) == written + 3 else found[len(context) - written])
+    model.propose = lambda context, asked: _lookup(found)
+    drafter = PredictionDrafter(model, LONG, prompt_length=len(prompt))
+    after = await drafter.propose(prompt + LONG, plan(16))  # the prediction is used up: the route's lookup drafts
+    assert (after.source, after.checked, after.tokens) == ("lookup", True, (600, 601, 602, 999))
+    assert (after.probs.max(axis=1) == 1).all() and after.probs[3, 999] == 1
+
+
+async def _lookup(tokens: list[int]) -> Draft:
+    return Draft(tuple(tokens), one_hot(tokens, WideVocabulary.n_vocab), "lookup")

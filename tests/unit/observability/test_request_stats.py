@@ -31,3 +31,14 @@ def test_an_answer_within_its_first_step_has_no_decoding_rate():
     stats = RequestStats(plain_rate=lambda: 10.0)
     stats(PlainEvent("r", "route", (1,) * 3, 1.0, prefill=True))
     assert stats.speed() == {"tokens_per_second": None, "plain_tokens_per_second": 10.0, "vs_plain": None}
+
+
+def test_tokens_the_model_led_a_prediction_with_count_as_the_models():
+    stats = RequestStats()
+    # Drafted: 3 tokens of the model's edit, then 9 of the prediction; the target took the edit and 5 of the copy.
+    stats(RoundEvent("r", "route", 1, 12, (1,) * 12, 8, (1,) * 9, 0.0, 0.1, source="prediction", led=3,
+                     checked=True))
+    stats(RoundEvent("r", "route", 2, 12, (1,) * 4, 1, (1,) * 2, 0.0, 0.1, source="prediction", led=2))  # edit cut
+    assert stats.by_source == {"prediction": [2, 11, 5], "model": [0, 5, 4]}
+    assert stats.round_trace == [(12, 8, "prediction", 4), (4, 1, "prediction", 2)]  # the model's steps: + the check
+    assert (stats.rounds, stats.drafted, stats.accepted) == (2, 16, 9)
