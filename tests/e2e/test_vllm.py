@@ -12,13 +12,12 @@ import openai
 import pytest
 import pytest_asyncio
 
-from proxy.models import fetch as models
 from proxy.sampling.processors import SamplingParams
 from proxy.targets.upstream import Timeouts, Upstream, UpstreamStatusError
 from proxy.targets.vllm import VLLMTarget
 from proxy.wire.request import CHAT, COMPLETION
 from tests import support as http
-from tests.e2e.servers import SMOL, Process, start_proxy
+from tests.e2e.servers import SMOL, Process
 from tests.e2e.vllm_harness import (
     LOGPROB_TOLERANCE,
     MODEL,
@@ -27,6 +26,7 @@ from tests.e2e.vllm_harness import (
     divergence_margin,
     greedy,
     served_vllm,
+    start_vllm_proxy,
 )
 
 pytestmark = pytest.mark.vllm
@@ -160,17 +160,7 @@ async def test_generate_is_vllms_own_decoding(target: VLLMTarget, vllm_url: str)
 @pytest.fixture(scope="module")
 def vllm_proxy(vllm_url: str, log_dir: Path) -> Iterator[Process]:
     """The proxy with one route whose upstream is the vLLM, SmolLM2-135M GGUF as the draft."""
-    models.fetch([SMOL])
-    routes = log_dir / "vllm-routes.yaml"
-    routes.write_text(
-        "routes:\n"
-        "  - name: vllm\n"
-        "    match: {model: \"*\"}\n"
-        f"    upstream: {{url: \"{vllm_url}\", protocol: vllm}}\n"
-        f"    draft: {{model: {SMOL}, threads: 1, ctx: 4096, shares_cores: false}}\n"
-        "    speculation: {k: 4}\n"
-    )
-    process = start_proxy(routes, log_dir)
+    process = start_vllm_proxy(vllm_url, SMOL, log_dir, "vllm")
     yield process
     process.stop()
 

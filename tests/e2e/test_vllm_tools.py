@@ -17,11 +17,10 @@ from pathlib import Path
 import openai
 import pytest
 
-from proxy.models import fetch as models
 from tests import support as http
-from tests.e2e.servers import APART, DRAFT_QWEN, Process, start_proxy
+from tests.e2e.servers import DRAFT_QWEN, Process
 from tests.e2e.tool_calls import CASES, MAX_TOKENS, ON, TOOLS, answer
-from tests.e2e.vllm_harness import LOGPROB_TOLERANCE, divergence_margin, served_vllm
+from tests.e2e.vllm_harness import LOGPROB_TOLERANCE, divergence_margin, served_vllm, start_vllm_proxy
 
 pytestmark = pytest.mark.vllm
 
@@ -38,17 +37,7 @@ def qwen_vllm(log_dir: Path) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def tools_proxy(qwen_vllm: str, log_dir: Path) -> Iterator[Process]:
     """The proxy with one vLLM route, the same model's Q4 GGUF as the draft."""
-    models.fetch([DRAFT_QWEN])
-    routes = log_dir / "vllm-tools-routes.yaml"
-    routes.write_text(
-        "routes:\n"
-        "  - name: vllm-tools\n"
-        "    match: {model: \"*\"}\n"
-        f"    upstream: {{url: \"{qwen_vllm}\", protocol: vllm}}\n"
-        f"    draft: {{model: {DRAFT_QWEN}, threads: 1, ctx: 4096, {APART}}}\n"
-        "    speculation: {k: 4}\n"
-    )
-    process = start_proxy(routes, log_dir)
+    process = start_vllm_proxy(qwen_vllm, DRAFT_QWEN, log_dir, "vllm-tools")
     yield process
     process.stop()
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+from proxy.models import fetch as models
 from tests import support as http
-from tests.e2e.servers import REPO, free_port
+from tests.e2e.servers import APART, REPO, Process, free_port, start_proxy
 
 MODEL = "smollm2-135m"  # the name scripts/start_vllm.sh serves it under
 SETUP_AND_START_TIMEOUT_S = 1800  # first run: install (about 3 min), convert (30 s), start (about 40 s)
@@ -55,6 +56,21 @@ def served_vllm(log_dir: Path, model: str = MODEL, *arguments: str) -> Iterator[
     finally:
         if pid_file.exists():
             stop_group(pid_file)
+
+
+def start_vllm_proxy(vllm_url: str, draft: str, log_dir: Path, name: str) -> Process:
+    """The proxy with one route, `name`, whose upstream is the vLLM; `draft`'s GGUF drafts, on one thread of its own."""
+    models.fetch([draft])
+    routes = log_dir / f"{name}-routes.yaml"
+    routes.write_text(
+        "routes:\n"
+        f"  - name: {name}\n"
+        "    match: {model: \"*\"}\n"
+        f"    upstream: {{url: \"{vllm_url}\", protocol: vllm}}\n"
+        f"    draft: {{model: {draft}, threads: 1, ctx: 4096, {APART}}}\n"
+        "    speculation: {k: 4}\n"
+    )
+    return start_proxy(routes, log_dir)
 
 
 def greedy(url: str, prompt: list[int], max_tokens: int, top_n: int = TOP_N,

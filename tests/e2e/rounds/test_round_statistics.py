@@ -25,6 +25,19 @@ CHI_PARAMS = SamplingParams(temperature=1.0, top_k=5)
 SIGNIFICANCE = 1e-3
 
 
+def assert_follows_the_target(pvalue: float, tokens: int, what: str) -> None:
+    """Enough tokens counted, and nothing the chi-square can tell from the target's distribution."""
+    print(f"chi-square p = {pvalue:.4f} over {tokens} tokens of {what}")
+    assert tokens >= 1000
+    assert pvalue >= SIGNIFICANCE
+
+
+def assert_caught(pvalue: float, tokens: int) -> None:
+    """A negative control: the same test tells the wrong distribution apart, far beyond its significance."""
+    print(f"negative control: chi-square p = {pvalue:.2e} over {tokens} tokens")
+    assert pvalue < SIGNIFICANCE**2
+
+
 # Seeded chi-square of the tokens that rounds drafted ahead emitted. Given its context, each such
 # token must follow the target's distribution for that context, whatever led to the hit; so each
 # one adds its context's target distribution to the expected counts.
@@ -45,10 +58,7 @@ async def pre_drafted_pvalue(served: Served) -> tuple[float, int]:
 
 @pytest.mark.parametrize("protocol", ["vllm"])
 async def test_tokens_of_pre_drafted_rounds_follow_the_target_distribution(served: Served) -> None:
-    pvalue, tokens = await pre_drafted_pvalue(served)
-    print(f"chi-square p = {pvalue:.4f} over {tokens} tokens of pre-drafted rounds")
-    assert tokens >= 1000
-    assert pvalue >= SIGNIFICANCE
+    assert_follows_the_target(*await pre_drafted_pvalue(served), "pre-drafted rounds")
 
 
 @pytest.mark.parametrize("protocol", ["vllm"])
@@ -62,9 +72,7 @@ async def test_pre_drafted_tokens_with_the_wrong_distribution_fail_the_same_test
         return None if draft is None else replace(draft, probs=np.full_like(draft.probs, 1.0 / draft.probs.shape[1]))
 
     monkeypatch.setattr(ahead.DraftAhead, "draft", wrong_rows)
-    pvalue, tokens = await pre_drafted_pvalue(served)
-    print(f"negative control: chi-square p = {pvalue:.2e} over {tokens} tokens")
-    assert pvalue < SIGNIFICANCE**2
+    assert_caught(*await pre_drafted_pvalue(served))
 
 
 # Seeded chi-square of the tokens prediction rounds emitted at temperature 1.
@@ -86,10 +94,7 @@ async def prediction_pvalue(served: Served) -> tuple[float, int]:
 
 @pytest.mark.parametrize("protocol", ["vllm"])
 async def test_tokens_of_prediction_rounds_follow_the_target_distribution(served: Served) -> None:
-    pvalue, tokens = await prediction_pvalue(served)
-    print(f"chi-square p = {pvalue:.4f} over {tokens} tokens of prediction rounds")
-    assert tokens >= 1000
-    assert pvalue >= SIGNIFICANCE
+    assert_follows_the_target(*await prediction_pvalue(served), "prediction rounds")
 
 
 @pytest.mark.parametrize("protocol", ["vllm"])
@@ -104,9 +109,7 @@ async def test_prediction_drafts_with_the_wrong_distribution_fail_the_same_test(
         return replace(draft, probs=np.full_like(draft.probs, 1.0 / draft.probs.shape[1]))
 
     monkeypatch.setattr(prediction.PredictionDrafter, "propose", uniform)
-    pvalue, tokens = await prediction_pvalue(served)
-    print(f"negative control: chi-square p = {pvalue:.2e} over {tokens} tokens")
-    assert pvalue < SIGNIFICANCE**2
+    assert_caught(*await prediction_pvalue(served))
 
 
 # Seeded chi-square of the tokens of rounds the model leads into a deterministic path, as it leads an edit back into
@@ -145,10 +148,7 @@ async def led_pvalue(served: Served, drafter: LeadingDrafter | None = None) -> t
 
 @pytest.mark.parametrize("protocol", ["vllm"])
 async def test_tokens_of_rounds_the_model_led_follow_the_target_distribution(served: Served) -> None:
-    pvalue, tokens = await led_pvalue(served)
-    print(f"chi-square p = {pvalue:.4f} over {tokens} tokens of rounds the model led")
-    assert tokens >= 1000
-    assert pvalue >= SIGNIFICANCE
+    assert_follows_the_target(*await led_pvalue(served), "rounds the model led")
 
 
 @pytest.mark.parametrize("protocol", ["vllm"])
@@ -163,6 +163,4 @@ async def test_led_rounds_whose_model_rows_are_wrong_fail_the_same_test(served: 
             probs[:draft.led] = 1.0 / probs.shape[1]
             return replace(draft, probs=probs)
 
-    pvalue, tokens = await led_pvalue(served, Uniform(near_draft(served.model).model, served.model))
-    print(f"negative control: chi-square p = {pvalue:.2e} over {tokens} tokens")
-    assert pvalue < SIGNIFICANCE**2
+    assert_caught(*await led_pvalue(served, Uniform(near_draft(served.model).model, served.model)))
