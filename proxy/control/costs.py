@@ -22,7 +22,7 @@ from proxy.config.speculation import AssumedCostsConfig
 from proxy.control import cost_model
 from proxy.control.acceptance import UNMEASURED_ALPHA, draft_ahead_hit, read_windows, survival
 from proxy.control.cost_model import CostModel, at_context, fit_context_slope, verify_from_measured
-from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent
+from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent, path_after_lead
 from proxy.drafting.base import MODEL_SOURCE
 
 RECENT_VERIFICATIONS = 256  # the window the context slope is fitted over
@@ -128,8 +128,8 @@ class RouteCosts:
         for the end of its draft, and a model that first read context it had not seen was not drafting.
         """
         if lookup:
-            if k > led and accepted >= led:  # a path the model led with its own tokens counts from where it starts
-                path, right = k - led, accepted - led
+            if (outcome := path_after_lead(k, accepted, led)) is not None:  # counted from where the path starts
+                path, right = outcome
                 self.lookup_alpha.add(right / path)
                 for position in range(min(path, len(self.lookup_survival))):
                     self.lookup_survival[position].add(1.0 if position < right else 0.0)

@@ -68,9 +68,9 @@ class LookupOdds:
     def observe(self, event: Event) -> None:
         """Verified lookup rounds, and declined paths against what the target produced instead."""
         if isinstance(event, RoundEvent) and event.source != MODEL_SOURCE:
-            if event.accepted >= event.led:  # the path after the model's lead was reached and compared
+            if (outcome := event.path_outcome) is not None:  # the path after the model's lead was compared
                 self.lookups += 1
-                self._count(len(event.drafted) - event.led, event.accepted - event.led)
+                self._count(*outcome)
         elif isinstance(event, RoundEvent):
             self._count(*right_prefix(event.declined, event.emitted))
         elif isinstance(event, PlainEvent) and event.lookup_missed:

@@ -171,7 +171,7 @@ class RequestPolicy:
                 self._timed_ceiling += len(event.drafted) + 1
             sampled = event.model_drafted  # the model's acceptance, also where it led a path
             self.drafted += sampled
-            self.accepted += min(event.accepted, sampled)
+            self.accepted += event.model_accepted
             for position in range(min(sampled, len(self._reached))):
                 self._reached[position] += 1
                 self._survived[position] += position < event.accepted

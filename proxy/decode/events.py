@@ -47,6 +47,17 @@ class RoundEvent:
         return len(self.drafted) if self.source == MODEL_SOURCE else self.led
 
     @property
+    def model_accepted(self) -> int:
+        """How many of the model's drafted tokens the target accepted."""
+        return min(self.accepted, self.model_drafted)
+
+    @property
+    def path_outcome(self) -> tuple[int, int] | None:
+        """A lookup or prediction path's (tokens compared, tokens right), counted from where it starts after the
+        model's lead; None for a model draft, or where the target rejected the lead before the path."""
+        return None if self.source == MODEL_SOURCE else path_after_lead(len(self.drafted), self.accepted, self.led)
+
+    @property
     def draft_steps(self) -> int:
         """The model's steps the draft took: one a sampled token, one for reading a path."""
         return self.model_drafted + self.checked
@@ -95,6 +106,12 @@ class SwitchEvent:
     request_id: str
     route: str
     reason: str
+
+
+def path_after_lead(drafted: int, accepted: int, led: int) -> tuple[int, int] | None:
+    """(path tokens compared, right) of a round whose first `led` tokens the model drafted ahead of a path; None where
+    the path was never compared (nothing after the lead, or the lead rejected)."""
+    return (drafted - led, accepted - led) if drafted > led and accepted >= led else None
 
 
 Event = RoundEvent | PlainEvent | ReadEvent | SwitchEvent

@@ -57,7 +57,7 @@ class RequestStats:
         drafted, led = len(event.drafted), event.led
         self._add_source(event.source, 1, drafted - led, max(event.accepted - led, 0))
         if led:
-            self._add_source(MODEL_SOURCE, 0, led, min(event.accepted, led))
+            self._add_source(MODEL_SOURCE, 0, led, event.model_accepted)
         self.rounds += 1
         self.ahead_started += event.ahead_hit is not None
         self.ahead_hits += event.drafted_ahead
