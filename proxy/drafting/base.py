@@ -118,3 +118,34 @@ class Drafter(Protocol):
     def close(self) -> None:
         """Free what the drafter holds."""
         ...
+
+
+class InFront:
+    """A drafter in front of another (`_inner`): sequences, reading and the context limit stay the inner one's;
+    the drafter in front decides only what to propose."""
+
+    _inner: Drafter
+
+    def reserve(self, request_id: str, context: Sequence[int], *, tenant: str = "") -> bool:
+        """The inner drafter's."""
+        return self._inner.reserve(request_id, context, tenant=tenant)
+
+    def release(self, request_id: str) -> None:
+        """The inner drafter's."""
+        self._inner.release(request_id)
+
+    def occupancy(self) -> tuple[int, int] | None:
+        """The inner drafter's sequences."""
+        return self._inner.occupancy()
+
+    def prefill(self, request_id: str, context: Sequence[int]) -> Awaitable[None] | None:
+        """The inner drafter reads the context (its model, if any)."""
+        return self._inner.prefill(request_id, context)
+
+    def read(self, request_id: str, context: Sequence[int], tokens: Sequence[int]) -> Awaitable[list[int]] | None:
+        """The inner drafter reads the tokens (its model, if any)."""
+        return self._inner.read(request_id, context, tokens)
+
+    def fits(self, n_tokens: int) -> bool:
+        """The inner drafter's context limit."""
+        return self._inner.fits(n_tokens)

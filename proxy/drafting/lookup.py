@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from proxy.drafting.base import LOOKUP_SOURCE, Draft, Drafter, DraftPlan
+from proxy.drafting.base import LOOKUP_SOURCE, Draft, Drafter, DraftPlan, InFront
 from proxy.drafting.edits import Edit, in_prompt_words, learn_edits, replay
 from proxy.drafting.suffix import MAX_MATCH, Continuation, LookupSettings, OutputHistory, ScopedHistory, continuations
 from proxy.sampling.processors import one_hot
@@ -34,10 +34,11 @@ def lookup(context: Sequence[int], k: int, *, max_ngram: int = 3, min_ngram: int
 
 
 class LookupDrafter:
-    """A draft with no model: prompt lookup only. The GGUF drafter it wraps serves as the tokenizer."""
+    """A draft with no model: prompt lookup only. The GGUF drafter it wraps (`_inner`) serves as the tokenizer (and
+    as the hybrid's model)."""
 
     def __init__(self, tokenizer: Drafter, *, max_ngram: int = 3, min_ngram: int = 1) -> None:
-        self._tokenizer = tokenizer
+        self._inner = tokenizer
         self.vocabulary = tokenizer.vocabulary
         self.looks_up = True
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
@@ -72,7 +73,7 @@ class LookupDrafter:
 
     def close(self) -> None:
         """Free the tokenizer model."""
-        self._tokenizer.close()
+        self._inner.close()
 
 
 ROUTE_SCOPE = "route"  # the one history scope of a route that shares its outputs across tenants
@@ -169,37 +170,22 @@ class SuffixDrafter(LookupDrafter):
         return Continuation(tuple(tokens), tuple(probs[: len(tokens)]), path.match_length, path.anchor)
 
 
-class HybridDrafter(SuffixDrafter):
+class HybridDrafter(InFront, SuffixDrafter):
     """Suffix lookup when a path is worth verifying, the draft model otherwise (decided every round)."""
 
     def reserve(self, request_id: str, context: Sequence[int], *, tenant: str = "") -> bool:
         """The model's sequence (and the prompt's length and the tenant, for the history)."""
-        return self._tokenizer.reserve(request_id, context) and super().reserve(request_id, context, tenant=tenant)
+        return self._inner.reserve(request_id, context) and SuffixDrafter.reserve(self, request_id, context,
+                                                                                   tenant=tenant)
 
     def release(self, request_id: str) -> None:
         """The model's sequence; the output joins the history."""
-        super().release(request_id)
-        self._tokenizer.release(request_id)
-
-    def occupancy(self) -> tuple[int, int] | None:
-        """The model's sequences."""
-        return self._tokenizer.occupancy()
-
-    def prefill(self, request_id: str, context: Sequence[int]) -> Awaitable[None] | None:
-        """The model reads the context."""
-        return self._tokenizer.prefill(request_id, context)
-
-    def read(self, request_id: str, context: Sequence[int], tokens: Sequence[int]) -> Awaitable[list[int]] | None:
-        """The model reads the tokens."""
-        return self._tokenizer.read(request_id, context, tokens)
+        SuffixDrafter.release(self, request_id)
+        self._inner.release(request_id)
 
     async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
         """Lookup first; the model when lookup finds nothing worth verifying (and the model's K is not 0)."""
         found = await super().propose(context, plan)
         if len(found) or plan.k == 0:
             return found
-        return replace(await self._tokenizer.propose(context, plan), declined=found.declined)
-
-    def fits(self, n_tokens: int) -> bool:
-        """The model's context limit applies."""
-        return self._tokenizer.fits(n_tokens)
+        return replace(await self._inner.propose(context, plan), declined=found.declined)

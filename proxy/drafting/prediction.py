@@ -26,12 +26,12 @@ The draft is deterministic: one-hot, verified exactly as any lookup path is.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from proxy.drafting.base import LOOKUP_SOURCE, MODEL_SOURCE, Draft, Drafter, DraftPlan
+from proxy.drafting.base import LOOKUP_SOURCE, MODEL_SOURCE, Draft, Drafter, DraftPlan, InFront
 from proxy.drafting.edits import MAX_INSERTED, MAX_REMOVED, MIN_ANCHOR, Edit, replay
 from proxy.drafting.suffix import MAX_MATCH, Continuation, match_lengths
 from proxy.engine.prefix import common_prefix_length
@@ -132,12 +132,12 @@ class Alignment:
         return Continuation(tuple(tokens[:len(estimates)]), tuple(estimates), self.match, self.anchor)
 
 
-class PredictionDrafter:
+class PredictionDrafter(InFront):
     """One request's prediction before the route's drafter: the prediction's path when one is worth verifying,
     the route's drafter otherwise. Sequences and reading stay the route drafter's."""
 
     def __init__(self, drafter: Drafter, prediction: Sequence[int], prompt_length: int) -> None:
-        self._drafter = drafter
+        self._inner = drafter
         self.vocabulary = drafter.vocabulary
         self.looks_up = True  # a prediction path costs what a lookup path does: the request decides round by round
         self._prompt_length = prompt_length
@@ -165,15 +165,15 @@ class PredictionDrafter:
         limit = plan.lookup_k or plan.k
         # Not before the first token: the model would read the whole prompt first, and the client wait for it.
         may_check = (self._has_model and plan.k > 0 and len(context) > self._prompt_length
-                     and self._drafter.fits(len(context) + limit))
+                     and self._inner.fits(len(context) + limit))
         aligned = self.alignment(context[self._prompt_length:])
         tokens, declined = await self._copy(aligned, context, plan, limit, may_check)
         if tokens:
             return Draft(tokens, one_hot(tokens, self.vocabulary.n_vocab), PREDICTION, checked=may_check)
-        if plan.k == 0 and not self._drafter.looks_up:
+        if plan.k == 0 and not self._inner.looks_up:
             return Draft((), one_hot((), self.vocabulary.n_vocab), PREDICTION, declined=declined)
         editing = may_check and not aligned.synced
-        found = await self._drafter.propose(context, _model_first(plan) if editing else plan)
+        found = await self._inner.propose(context, _model_first(plan) if editing else plan)
         if editing and found.source == MODEL_SOURCE and 0 < len(found) < limit:
             return await self._rejoined(context, plan, found, limit)
         if may_check and found.source == LOOKUP_SOURCE and len(found) > 1 and not found.alternatives:
@@ -215,36 +215,12 @@ class PredictionDrafter:
         leaves the prediction, the output usually does too: the path ends there rather than at a rejection the
         target pays to verify, and the edit's first token is drafted as well. Deterministic either way.
         """
-        reading = self._drafter.read(request_id, context, tokens)
+        reading = self._inner.read(request_id, context, tokens)
         if reading is None:
             return tokens
         choices = await reading
         differs = next((i for i, (token, choice) in enumerate(zip(tokens, choices)) if token != choice), None)
         return tokens if differs is None else (*tokens[:differs], choices[differs])
-
-    def reserve(self, request_id: str, context: Sequence[int], *, tenant: str = "") -> bool:
-        """The route drafter's."""
-        return self._drafter.reserve(request_id, context, tenant=tenant)
-
-    def release(self, request_id: str) -> None:
-        """The route drafter's."""
-        self._drafter.release(request_id)
-
-    def occupancy(self) -> tuple[int, int] | None:
-        """The route drafter's."""
-        return self._drafter.occupancy()
-
-    def prefill(self, request_id: str, context: Sequence[int]) -> Awaitable[None] | None:
-        """The route drafter reads the context (its model, if any)."""
-        return self._drafter.prefill(request_id, context)
-
-    def read(self, request_id: str, context: Sequence[int], tokens: Sequence[int]) -> Awaitable[list[int]] | None:
-        """The route drafter reads the tokens (its model, if any)."""
-        return self._drafter.read(request_id, context, tokens)
-
-    def fits(self, n_tokens: int) -> bool:
-        """The route drafter's context limit (for its model's drafts; the prediction has none)."""
-        return self._drafter.fits(n_tokens)
 
     def close(self) -> None:
         """Nothing: the route's drafter outlives the request."""
