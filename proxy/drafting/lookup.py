@@ -175,6 +175,7 @@ class HybridDrafter(InFront, SuffixDrafter):
 
     def reserve(self, request_id: str, context: Sequence[int], *, tenant: str = "") -> bool:
         """The model's sequence (and the prompt's length and the tenant, for the history)."""
+        # SuffixDrafter's by name: InFront comes first in the order of bases, so super() would be the model's alone
         return self._inner.reserve(request_id, context) and SuffixDrafter.reserve(self, request_id, context,
                                                                                    tenant=tenant)
 
