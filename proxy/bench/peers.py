@@ -200,10 +200,10 @@ def plan(args: argparse.Namespace) -> Plan:
 
 
 def _models(args: argparse.Namespace, peers: Sequence[Peer]) -> Models:
-    target, draft = model_path(args.target), model_path(args.draft)
     binary = args.llama_server or llama_server_binary()
-    if any(p.llama for p in peers) and not os.access(binary, os.X_OK):
+    if any(p.llama for p in peers) and not os.access(binary, os.X_OK):  # before the models: it needs no file
         raise BenchError(f"no llama-server at {binary}: run scripts/setup_llama_server.sh (or give --llama-server)")
+    target, draft = model_path(args.target), model_path(args.draft)
     routes = args.routes.read_text() if any(p.kind == SPECULOOS for p in peers) and args.routes.is_file() else ""
     if any(p.kind == SPECULOOS for p in peers) and not routes:
         raise BenchError(f"no routes file at {args.routes}: give --routes (the shipped routes.yaml)")

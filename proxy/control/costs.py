@@ -11,7 +11,8 @@ predict (verification by K, round time, rate) is computed by proxy/control/cost_
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,25 @@ from proxy.drafting.base import MODEL_SOURCE
 
 RECENT_VERIFICATIONS = 256  # the window the context slope is fitted over
 MIN_PLAIN_TOKENS = 4  # shorter passthrough answers say little about the decoding rate
+# A testing aid: speculation's timed costs (verifications, draft steps, model rounds as they ran) are multiplied by
+# this factor before they are folded in, plain decoding's are not. Decisions then fall as they would on a machine
+# whose cores verify and draft that much slower (> 1) or faster (< 1) relative to decoding, so a test whose
+# verdict depends on this machine's speed fails here too.
+COST_SCALE_ENV = "SPECULOOS_TEST_COST_SCALE"
+
+
+def cost_scale_from_env(environ: Mapping[str, str] | None = None) -> float:
+    """The factor `$SPECULOOS_TEST_COST_SCALE` sets (1.0 when unset); ValueError unless a positive number."""
+    text = (os.environ if environ is None else environ).get(COST_SCALE_ENV, "").strip()
+    if not text:
+        return 1.0
+    try:
+        scale = float(text)
+    except ValueError:
+        scale = float("nan")
+    if not scale > 0 or scale == float("inf"):
+        raise ValueError(f"{COST_SCALE_ENV} must be a positive number (got {text!r})")
+    return scale
 
 
 @dataclass
@@ -63,6 +83,7 @@ class RouteCosts:
     weight: float  # the EWMA weight of a new observation
     k_max: int  # positions tracked for α per position
     pipelined: bool = False  # the route's requests draft ahead while a round is verified
+    scale: float = 1.0  # speculation's timed costs are multiplied by it (COST_SCALE_ENV)
     assumed = False  # costs are measured on the hardware the rounds run on
     alpha: Ewma = field(init=False)  # the model draft's
     lookup_alpha: Ewma = field(init=False)  # lookup drafts'
@@ -104,12 +125,13 @@ class RouteCosts:
         if isinstance(event, RoundEvent):
             if event.ahead_hit is not None and event.accepted == len(event.drafted):
                 self.guess_right.add(1.0 if event.ahead_hit else 0.0)
-            self.record_round(len(event.drafted), event.accepted, event.draft_seconds, event.verify_seconds,
-                              costs=event.warm and event.candidates == 1, lookup=event.source != MODEL_SOURCE,
-                              drafting_seconds_per_token=event.drafting_seconds_per_token, context=event.context,
-                              led=event.led)
+            drafting = event.drafting_seconds_per_token
+            self.record_round(len(event.drafted), event.accepted, event.draft_seconds * self.scale,
+                              event.verify_seconds * self.scale, costs=event.warm and event.candidates == 1,
+                              lookup=event.source != MODEL_SOURCE, context=event.context, led=event.led,
+                              drafting_seconds_per_token=None if drafting is None else drafting * self.scale)
             if event.source == MODEL_SOURCE and event.warm:
-                self.model_round_seconds.add(event.draft_seconds + event.verify_seconds)
+                self.model_round_seconds.add((event.draft_seconds + event.verify_seconds) * self.scale)
                 self.model_round_tokens.add(len(event.emitted))
                 self.model_round_ceiling.add(len(event.drafted) + 1)
         elif isinstance(event, PlainEvent) and not event.prefill:
@@ -150,10 +172,10 @@ class RouteCosts:
     def seed(self, calibration: Calibration) -> None:
         """Start-up timings, folded in as a request's would be (each weighs as one observation); α stays unmeasured."""
         for k, seconds in calibration.verify_seconds:
-            self.verify_by_k.setdefault(k, Ewma(self.weight)).add(seconds)
+            self.verify_by_k.setdefault(k, Ewma(self.weight)).add(seconds * self.scale)
             self.context_by_k.setdefault(k, Ewma(self.weight)).add(calibration.context)
         if calibration.draft_seconds_per_token is not None:
-            self.draft_per_token.add(calibration.draft_seconds_per_token)
+            self.draft_per_token.add(calibration.draft_seconds_per_token * self.scale)
         if calibration.plain_seconds_per_token is not None:
             self.plain_per_token.add(calibration.plain_seconds_per_token)
 

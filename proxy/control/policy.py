@@ -167,7 +167,7 @@ class RequestPolicy:
             if event.source == MODEL_SOURCE and event.warm:  # a prefill's round says nothing of drafting's speed
                 self._timed_rounds += 1
                 self._timed_tokens += len(event.emitted)
-                self._timed_seconds += event.draft_seconds + event.verify_seconds
+                self._timed_seconds += (event.draft_seconds + event.verify_seconds) * self._costs.scale
                 self._timed_ceiling += len(event.drafted) + 1
             sampled = event.model_drafted  # the model's acceptance, also where it led a path
             self.drafted += sampled

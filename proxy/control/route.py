@@ -41,6 +41,7 @@ class RouteController:
     configured_k: int
     looks_up: bool = False  # the route's drafter proposes lookup paths: each request decides round by round
     pipelined: bool = False  # the route's requests draft ahead while a round is verified
+    cost_scale: float = 1.0  # speculation's timed costs multiplied by it (proxy.control.costs.COST_SCALE_ENV)
     clock: Callable[[], float] = time.monotonic
     costs: RouteCosts = field(init=False)
     current: Choice = field(init=False)
@@ -50,8 +51,8 @@ class RouteController:
 
     def __post_init__(self) -> None:
         assumed = self.settings.assume_costs
-        self.costs = (RouteCosts(self.settings.ewma_alpha, self.settings.k_max, self.pipelined) if assumed is None
-                      else AssumedCosts(self.settings.ewma_alpha, self.settings.k_max, assumed))
+        self.costs = (RouteCosts(self.settings.ewma_alpha, self.settings.k_max, self.pipelined, self.cost_scale)
+                      if assumed is None else AssumedCosts(self.settings.ewma_alpha, self.settings.k_max, assumed))
         self.current = Choice(self.configured_k, NOT_MEASURED)
         self.last_probe = self.clock()
 

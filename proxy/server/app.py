@@ -90,8 +90,9 @@ class Resources:
             model.close()
 
 
-async def open_resources(config: Config, load_drafter: DrafterLoader) -> Resources:
-    """Open every route's upstream client and drafter (drafts with identical settings share one model)."""
+async def open_resources(config: Config, load_drafter: DrafterLoader, *, cost_scale: float = 1.0) -> Resources:
+    """Open every route's upstream client and drafter (drafts with identical settings share one model); speculation's
+    timed costs are multiplied by cost_scale (a testing aid: proxy.control.costs.COST_SCALE_ENV)."""
     resources = Resources({}, [])
     loaded: dict[EngineOptions, Drafter] = {}
     gate = CoreGate()  # one machine's cores: every draft model that shares them takes turns with its target
@@ -112,7 +113,7 @@ async def open_resources(config: Config, load_drafter: DrafterLoader) -> Resourc
             drafter = with_lookup(loaded[options], route.draft)
             target.vocab_size = drafter.vocabulary.n_vocab  # the upstream's answers are checked against it
         controller = RouteController(route.fallback, route.speculation.k, looks_up=bool(drafter and drafter.looks_up),
-                                     pipelined=route.speculation.pipeline)
+                                     pipelined=route.speculation.pipeline, cost_scale=cost_scale)
         runtime = RouteRuntime(route, upstream, controller, target, drafter, takes_turns=shared is not None)
         resources.runtimes[route.name] = runtime
         await _inspect(runtime)
@@ -131,8 +132,9 @@ async def _inspect(runtime: RouteRuntime) -> None:
         event("tokenizer_check", route=runtime.name, compatible=verdict.compatible, reason=verdict.reason)
 
 
-def create_app(config: Config, *, load_drafter: DrafterLoader = LlamaDrafter.load) -> web.Application:
-    """The proxy application for a validated config."""
+def create_app(config: Config, *, load_drafter: DrafterLoader = LlamaDrafter.load,
+               cost_scale: float = 1.0) -> web.Application:
+    """The proxy application for a validated config (cost_scale: see open_resources)."""
     # The guard inside the error middleware: its refusals are rendered like every other error.
     app = web.Application(middlewares=[error_middleware, guard.browser_guard],
                           client_max_size=config.server.max_body_bytes)
@@ -141,7 +143,7 @@ def create_app(config: Config, *, load_drafter: DrafterLoader = LlamaDrafter.loa
     app[METRICS] = Metrics()
 
     async def route_resources(app: web.Application) -> AsyncIterator[None]:
-        resources = await open_resources(config, load_drafter)
+        resources = await open_resources(config, load_drafter, cost_scale=cost_scale)
         app[RUNTIMES] = resources.runtimes
         yield
         await resources.close()

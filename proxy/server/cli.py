@@ -12,6 +12,7 @@ from aiohttp import web
 
 from proxy.config.load import ConfigError, load_config
 from proxy.config.schema import Config
+from proxy.control.costs import COST_SCALE_ENV, cost_scale_from_env
 from proxy.engine.threads import usable_cores
 from proxy.observability import logs
 from proxy.sampling.processors import SamplingParams
@@ -37,19 +38,23 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
                                  "a draft that shares its target's cores takes turns with it)")
 
 
-def _load(args: argparse.Namespace, command: str) -> tuple[Config, list[DraftCores]] | None:
-    """The validated routes file with each draft's threads decided, and where drafts share cores; None after printing
-    why not."""
+def _load(args: argparse.Namespace, command: str) -> tuple[Config, list[DraftCores], float] | None:
+    """The validated routes file with each draft's threads decided, where drafts share cores, and the test cost
+    scale; None after printing why not."""
     logs.configure()
     if args.draft_threads is not None and args.draft_threads < 1:
         print(f"speculoos {command}: --draft-threads must be at least 1", file=sys.stderr)
         return None
     try:
         config = load_config(args.routes)
-    except ConfigError as exc:
+        scale = cost_scale_from_env()
+    except (ConfigError, ValueError) as exc:
         print(f"speculoos {command}: {exc}", file=sys.stderr)
         return None
-    return with_draft_threads(config, usable_cores(), draft_threads=args.draft_threads)
+    if scale != 1.0:
+        print(f"speculoos: {COST_SCALE_ENV}={scale:g}: speculation's measured costs are multiplied by it "
+              "(a testing aid: decisions are those of another machine)", file=sys.stderr, flush=True)
+    return (*with_draft_threads(config, usable_cores(), draft_threads=args.draft_threads), scale)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -58,13 +63,13 @@ def run_serve(args: argparse.Namespace) -> int:
 
     if (loaded := _load(args, "serve")) is None:
         return 2
-    config, drafts = loaded
+    config, drafts, scale = loaded
     for draft in drafts:
         print(f"speculoos: route {draft.route}: {draft.line()}", flush=True)
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
     print(f"speculoos: proxy on http://{host}:{port}/v1", flush=True)
-    web.run_app(create_app(config), host=host, port=port, print=None, access_log=None,
+    web.run_app(create_app(config, cost_scale=scale), host=host, port=port, print=None, access_log=None,
                 handler_cancellation=True)
     return 0
 
@@ -75,8 +80,8 @@ def run_check(args: argparse.Namespace) -> int:
 
     if (loaded := _load(args, "check")) is None:
         return 2
-    config, drafts = loaded
-    lines, failures = asyncio.run(check_report(config, LlamaDrafter.load, drafts))
+    config, drafts, scale = loaded
+    lines, failures = asyncio.run(check_report(config, LlamaDrafter.load, drafts, cost_scale=scale))
     print("\n".join(lines))
     return 1 if failures else 0
 
@@ -118,12 +123,12 @@ def _costs(runtime: RouteRuntime) -> list[tuple[str, str]]:
     return [("costs at start-up", text), ("model draft", runtime.controller.current.reason)]
 
 
-async def check_report(config: Config, load_drafter: Callable,
-                       drafts: Sequence[DraftCores] = ()) -> tuple[list[str], int]:
+async def check_report(config: Config, load_drafter: Callable, drafts: Sequence[DraftCores] = (), *,
+                       cost_scale: float = 1.0) -> tuple[list[str], int]:
     """Open every route as `serve` would: one line per route and finding, and the number of failures."""
     from proxy.server.app import open_resources
 
-    resources = await open_resources(config, load_drafter)
+    resources = await open_resources(config, load_drafter, cost_scale=cost_scale)
     lines, failures = [], 0
     try:
         for runtime in resources.runtimes.values():

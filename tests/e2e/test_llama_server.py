@@ -87,5 +87,8 @@ def test_bench_peers_in_both_regimes(llama_server: Path, model_paths: dict[str, 
         ("shared", None, "llama-server --model-draft"), ("shared", None, "Speculoos + our verifier"),
         ("two-device", 10.0, "llama-server --model-draft"), ("two-device", 10.0, "Speculoos + our verifier")]
     for row in document["rows"]:
-        assert row["errors"] == 0 and row["tokens_per_second"]["median"] > 0 and row["drafted"] > 0
-        assert 0 <= row["alpha"] <= 1
+        assert row["errors"] == 0 and row["tokens_per_second"]["median"] > 0 and 0 <= row["accepted"] <= row["drafted"]
+        # llama-server drafts every round; whether Speculoos drafts is its controller's call on this machine's costs
+        assert row["drafted"] > 0 or row["row"] == "Speculoos + our verifier"
+        assert (row["alpha"] is None) == (row["drafted"] == 0)
+        assert row["alpha"] is None or 0 <= row["alpha"] <= 1

@@ -1,7 +1,9 @@
 """Predicted Outputs and requests without max_tokens, end to end: the real verifier, SmolLM2, the openai SDK.
 
-- A `prediction` drafts (its rounds show in the `speculoos` figures and the usage's prediction counts), and the
-  greedy output is the target's own whether the prediction is right, half right or wrong.
+- The greedy output is the target's own whether the prediction is right, half right or wrong, and the usage's
+  prediction counts are the prediction rounds' figures, whatever the controller decides on this machine's costs.
+- Where rounds pay at the route's stated costs (`fallback.assume_costs`, the same on every machine), a right
+  prediction drafts most of the answer; where verifying a token costs more than decoding it, none.
 - A coding client's request (a long system prompt, no max_tokens) speculates.
 - A generation that outgrows the draft model's context goes on (plainly, or by lookups) and stays the target's.
 A divergence passes only as a near-tie of the target (tests/e2e/greedy.py).
@@ -62,42 +64,86 @@ PREDICTIONS = {  # how much of the target's answer the prediction gets right
 }
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
-@pytest.mark.parametrize("which", sorted(PREDICTIONS))
-def test_greedy_output_is_the_targets_whatever_the_prediction(smol_proxy: Process, smol_verifier: Process,
-                                                              direct_edit: str, which: str, stream: bool) -> None:
-    prediction = {"type": "content", "content": PREDICTIONS[which](direct_edit)}
-    common: dict[str, Any] = {"model": "test", "messages": EDIT, "max_tokens": 96, "temperature": 0,
-                              "prediction": prediction}
+def predicted(proxy: Process, model: str, prediction: str, *, stream: bool) -> tuple[str, Any, dict[str, Any]]:
+    """The editing request with a prediction through the proxy: (text, usage, the `speculoos` figures)."""
+    common: dict[str, Any] = {"model": model, "messages": EDIT, "max_tokens": 96, "temperature": 0,
+                              "prediction": {"type": "content", "content": prediction}}
     if stream:
-        chunks = list(client(smol_proxy).chat.completions.create(**common, stream=True,
-                                                                 stream_options={"include_usage": True}))
-        text, usage = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1].usage
-        extension = chunks[-1].model_extra["speculoos"]
-    else:
-        raw = client(smol_proxy).chat.completions.with_raw_response.create(**common)
-        assert raw.headers["x-speculoos-mode"] == "speculative"  # a prediction speculates, whatever the controller
-        reply = raw.parse()
-        text, usage, extension = reply.choices[0].message.content, reply.usage, reply.model_extra["speculoos"]
-    assert_targets_text(smol_verifier, EDIT, direct_edit, text)
+        chunks = list(client(proxy).chat.completions.create(**common, stream=True,
+                                                            stream_options={"include_usage": True}))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        return text, chunks[-1].usage, chunks[-1].model_extra["speculoos"]
+    raw = client(proxy).chat.completions.with_raw_response.create(**common)
+    assert raw.headers["x-speculoos-mode"] == "speculative"  # a prediction speculates, whatever the controller
+    reply = raw.parse()
+    return reply.choices[0].message.content, reply.usage, reply.model_extra["speculoos"]
+
+
+def prediction_counts(usage: Any, extension: dict[str, Any]) -> tuple[int, int]:
+    """(accepted, rejected) prediction tokens, checked to be the prediction rounds' own figures."""
     details = usage.completion_tokens_details
     assert details is not None and details.accepted_prediction_tokens is not None
     counts = extension["drafts"].get("prediction", {"drafted": 0, "accepted": 0})
     assert (details.accepted_prediction_tokens, details.rejected_prediction_tokens) == (
         counts["accepted"], counts["drafted"] - counts["accepted"])
-    if which == "right":  # the answer is the prediction: most of it is drafted, and accepted (how long a round
-        # drafts is the costs' call: on a CPU, where verifying grows with K, short)
-        assert details.accepted_prediction_tokens >= usage.completion_tokens // 2
-        assert counts["accepted"] >= 0.9 * counts["drafted"]
+    return details.accepted_prediction_tokens, details.rejected_prediction_tokens
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("which", sorted(PREDICTIONS))
+def test_greedy_output_is_the_targets_whatever_the_prediction(smol_proxy: Process, smol_verifier: Process,
+                                                              direct_edit: str, which: str, stream: bool) -> None:
+    """Exactness and accounting: they hold whatever the route's measured costs make the controller decide."""
+    text, usage, extension = predicted(smol_proxy, "test", PREDICTIONS[which](direct_edit), stream=stream)
+    assert_targets_text(smol_verifier, EDIT, direct_edit, text)
+    accepted, _ = prediction_counts(usage, extension)
     if which == "wrong":
-        assert details.accepted_prediction_tokens <= 2  # a stray token in common at most
+        assert accepted <= 2  # a stray token in common at most
 
 
-def test_a_prediction_on_completions_is_honoured_too(smol_proxy: Process, smol_verifier: Process) -> None:
+# -- decisions, at stated costs -------------------------------------------------------------------
+
+PINNED_COSTS = {  # fallback.assume_costs, in milliseconds: the route decides as on hardware with these costs
+    "cheap-rounds": {"draft_ms": 4, "verify_ms_flat": 25, "plain_ms": 25},  # a GPU's: a round costs a plain step
+    "dear-rounds": {"draft_ms": 30, "verify_ms_per_token": 50, "plain_ms": 25},  # a token verified: two decoded
+}
+
+
+@pytest.fixture(scope="module")
+def pinned_proxy(smol_verifier: Process, log_dir: Path) -> Iterator[Process]:
+    """One SmolLM2 route per cost model in PINNED_COSTS, named after it."""
+    routes = [route(name, smol_verifier.url, draft=SMOL, fallback={"assume_costs": costs},
+                    speculation={"pipeline": False})  # the stated cost model is sequential
+              for name, costs in PINNED_COSTS.items()]
+    path = log_dir / "pinned-costs.yaml"
+    path.write_text(yaml.safe_dump({"routes": routes}, sort_keys=False))
+    process = start_proxy(path, log_dir)
+    yield process
+    process.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_right_prediction_drafts_the_answer_where_rounds_pay(pinned_proxy: Process, smol_verifier: Process,
+                                                               direct_edit: str, stream: bool) -> None:
+    text, usage, extension = predicted(pinned_proxy, "cheap-rounds", direct_edit, stream=stream)
+    assert_targets_text(smol_verifier, EDIT, direct_edit, text)
+    accepted, rejected = prediction_counts(usage, extension)
+    assert accepted >= usage.completion_tokens // 2 and rejected <= 0.1 * (accepted + rejected)
+
+
+def test_a_right_prediction_is_not_verified_where_a_verified_token_costs_more_than_a_decoded_one(
+        pinned_proxy: Process, smol_verifier: Process, direct_edit: str) -> None:
+    """The negative control of the test above: the same request, at costs where no round can pay."""
+    text, usage, extension = predicted(pinned_proxy, "dear-rounds", direct_edit, stream=False)
+    assert_targets_text(smol_verifier, EDIT, direct_edit, text)
+    assert prediction_counts(usage, extension) == (0, 0) and extension["plain_tokens"] == usage.completion_tokens
+
+
+def test_a_prediction_on_completions_is_honoured_too(pinned_proxy: Process, smol_verifier: Process) -> None:
     prompt = f"# The same code again:\n{CODE}# Again:\n"
-    common: dict[str, Any] = {"model": "test", "prompt": prompt, "max_tokens": 48, "temperature": 0}
-    expected = client(smol_verifier).completions.create(**common).choices[0].text
-    reply = client(smol_proxy).completions.create(**common, extra_body={
+    common: dict[str, Any] = {"prompt": prompt, "max_tokens": 48, "temperature": 0}
+    expected = client(smol_verifier).completions.create(model="test", **common).choices[0].text
+    reply = client(pinned_proxy).completions.create(model="cheap-rounds", **common, extra_body={
         "prediction": {"type": "content", "content": [{"type": "text", "text": CODE}]}})
     assert reply.choices[0].text == expected
     assert reply.usage.completion_tokens_details.accepted_prediction_tokens > 0

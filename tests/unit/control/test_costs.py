@@ -8,7 +8,7 @@ import pytest
 
 from proxy.config.speculation import AssumedCostsConfig, FallbackConfig
 from proxy.control.cost_model import expected_tokens
-from proxy.control.costs import AssumedCosts, Ewma, RouteCosts
+from proxy.control.costs import COST_SCALE_ENV, AssumedCosts, Calibration, Ewma, RouteCosts, cost_scale_from_env
 from proxy.control.policy import choose_k
 from proxy.decode.events import PlainEvent, ReadEvent, RoundEvent
 
@@ -170,3 +170,38 @@ def test_assumed_costs_decide_k_as_that_hardware_would(assumed: AssumedCostsConf
     settings = FallbackConfig(assume_costs=assumed)
     decision = choose_k(costs, settings, 4, alpha=0.8, alpha_rounds=10, speculating=True)
     assert decision.k == k  # flat verification: K up to where draft tokens stop paying; K + 1 steps: none
+
+
+# -- the test cost scale ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "scale"), [(None, 1.0), ("", 1.0), ("2", 2.0), (" 0.5 ", 0.5)])
+def test_the_cost_scale_comes_from_the_environment(value: str | None, scale: float) -> None:
+    assert cost_scale_from_env({} if value is None else {COST_SCALE_ENV: value}) == scale
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "fast", "nan", "inf"])
+def test_a_cost_scale_that_is_not_a_positive_number_is_refused(value: str) -> None:
+    with pytest.raises(ValueError, match=f"{COST_SCALE_ENV} must be a positive number"):
+        cost_scale_from_env({COST_SCALE_ENV: value})
+
+
+def test_the_cost_scale_multiplies_speculations_costs_not_plain_decodings() -> None:
+    plain, scaled = RouteCosts(0.5, 8), RouteCosts(0.5, 8, scale=2.0)
+    calibration = Calibration(32, 0.05, ((1, 0.1), (8, 0.4)), 0.02)
+    for costs in (plain, scaled):
+        costs.seed(calibration)
+        costs.observe(round_event(1, 4, 4, draft_s=0.3, verify_s=0.2))
+        costs.observe(PlainEvent("r", "route", (1, 2, 3, 4), 0.2))
+    assert scaled.verify_time(8) == pytest.approx(2 * plain.verify_time(8))
+    assert scaled.draft_per_token.value == pytest.approx(2 * plain.draft_per_token.value)
+    assert scaled.model_rounds_run()[1] == pytest.approx(plain.model_rounds_run()[1] / 2)
+    assert scaled.plain_rate == pytest.approx(plain.plain_rate)  # what speculation competes with stays as measured
+
+
+def test_assumed_costs_ignore_the_cost_scale() -> None:
+    """A test that pins its costs decides the same on every machine and under every scale."""
+    config = AssumedCostsConfig(draft_ms=4, verify_ms_flat=25, plain_ms=25)
+    costs = AssumedCosts(0.1, 8, config)
+    costs.observe(round_event(1, 4, 4, draft_s=30.0, verify_s=30.0))
+    assert costs.verify_time(4) == pytest.approx(0.025) and costs.scale == 1.0
