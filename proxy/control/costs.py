@@ -10,9 +10,9 @@ predict (verification by K, round time, rate) is computed by proxy/control/cost_
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Mapping, Sequence
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
