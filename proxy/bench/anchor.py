@@ -75,7 +75,8 @@ def measure(model: Path, workloads: Sequence[str], *, prompts: int, max_tokens: 
 
 def markdown(rows: Sequence[AnchorRow], header: str) -> str:
     """The table: plain and lookup medians, their ratio and identical outputs."""
-    lines = [header, "", "| workload | plain tok/s (median) | prompt-lookup tok/s (median) | ratio | identical outputs |",
+    lines = [header, "",
+             "| workload | plain tok/s (median) | prompt-lookup tok/s (median) | ratio | identical outputs |",
              "|---|---|---|---|---|"]
     for r in rows:
         if r.plain is None or r.lookup is None:

@@ -176,7 +176,8 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--workloads", default=None,
                        help="comma-separated names or .json files (default: all shipped: "
                             f"{','.join(builtin_names())})")
-    bench.add_argument("--prompts", type=int, default=10, metavar="N", help="first N prompts of each workload (default 10)")
+    bench.add_argument("--prompts", type=int, default=10, metavar="N",
+                       help="first N prompts of each workload (default 10)")
     bench.add_argument("--repeat", type=int, default=3, metavar="R", help="repetitions of every request (default 3)")
     bench.add_argument("--max-tokens", type=int, default=None, metavar="M",
                        help="override each prompt's max_tokens")
@@ -189,7 +190,8 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
                             "neither side pays its prefill and the figures compare decoding (one at a time only)")
     bench.add_argument("--concurrency", type=int, default=1, metavar="N",
                        help="send N streams at once per path and report aggregate tokens/s (default 1: one at a time)")
-    bench.add_argument("--timeout", type=float, default=600.0, help="seconds of silence before a request fails (default 600)")
+    bench.add_argument("--timeout", type=float, default=600.0,
+                       help="seconds of silence before a request fails (default 600)")
     bench.add_argument("--json", type=Path, metavar="FILE", help="write the full results as JSON")
     bench.add_argument("--markdown", type=Path, metavar="FILE", help="write the table as Markdown")
     bench.add_argument("--chart", type=Path, metavar="FILE", help="write a PNG chart of speedup against K")

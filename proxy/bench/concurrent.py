@@ -139,6 +139,7 @@ def markdown(rows: Sequence[LoadRow], concurrency: int, title: str) -> str:
         errors = f" ({r.errors} failed)" if r.errors else ""
         served = "–" if r.target == DIRECT else f"{r.speculative}/{r.requests - r.errors}"
         lines.append(f"| {r.workload} | {r.target}{errors} | {served} | {number(r.aggregate_tokens_per_second, 1)} "
-                     f"| {number(r.vs_direct, 2, '×')} | {per} | {number(r.alpha, 2)} | {number(r.tokens_per_round, 2)} "
+                     f"| {number(r.vs_direct, 2, '×')} | {per} | {number(r.alpha, 2)} "
+                     f"| {number(r.tokens_per_round, 2)} "
                      f"| {pre_draft_cell(r.pre_draft_hit_rate, r.pre_draft_hits, r.pre_drafts_started)} |")
     return "\n".join(lines) + "\n"

@@ -1,4 +1,4 @@
-"""`speculoos bench cost-curve`: a running verifier's cost of one verification round for several K, and of plain decoding.
+"""`speculoos bench cost-curve`: a running verifier's cost of one verification round per K, and of plain decoding.
 
 Each round sends `context + K drafts` to /generate with logprob_start_len = L - 1, then advances
 the context by one token, as consecutive speculative rounds do, so the KV cache holds the prefix

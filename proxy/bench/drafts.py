@@ -1,4 +1,4 @@
-"""`speculoos bench drafts`: draft kinds side by side (prompt lookup, suffix lookup, hybrid, the model) on the workloads.
+"""`speculoos bench drafts`: draft kinds side by side (prompt lookup, suffix lookup, hybrid, the model) on workloads.
 
 Starts one verifier and one proxy with a route per draft kind (matched by model name), measures
 the verifier's cost of a verification for each K next to plain decoding (`bench cost-curve`),

@@ -70,7 +70,8 @@ def _run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     model = args.kind or "local"  # a route per kind matches its name; the one plain route, anything
     print(f"regime: {regime(args.verifier_cores, args.proxy_cores, [args.rtt_ms])}; draft: {args.kind or 'model'}")
-    print("| workload | proxy tok/s (first request, fresh route) | direct tok/s | ÷ direct (each pair) | α | τ | mode |")
+    print("| workload | proxy tok/s (first request, fresh route) | direct tok/s "
+          "| ÷ direct (each pair) | α | τ | mode |")
     print("|---|---|---|---|---|---|---|")
     results = []
     for name in (w.strip() for w in args.workloads.split(",") if w.strip()):

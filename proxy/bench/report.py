@@ -109,7 +109,7 @@ def load_json(rows: Sequence[Any], identity: Identity, bursts: Sequence[Any], co
 
 
 def trace_json(samples: Sequence[Sample], config: Mapping[str, Any], status: Mapping[str, Any] | None) -> dict:
-    """Per speculative request, its rounds as [drafted, accepted(, "lookup")] (None where the proxy did not report them)."""
+    """Per speculative request, its rounds as [drafted, accepted(, "lookup")] (None where the proxy omitted them)."""
     requests = []
     for s in samples:
         if s.ok and s.speculative and s.extension is not None:

@@ -71,7 +71,8 @@ def _line(rtt: float, workload: str, mode: str, rows: Mapping[tuple[str, str], M
     hits = pre_draft_cell(row.get("pre_draft_hit_rate"), row.get("pre_draft_hits"), row.get("pre_drafts_started"))
     return (f"| {rtt:g} | {workload} | {mode}{failed} | {number(direct, 1)} | {number(rate, 1)} "
             f"| {number(ratio(rate, direct), 2, '×')} | {number(row.get('alpha'), 2)} "
-            f"| {number(row.get('tokens_per_round'), 2)} | {hits} | {number(gain, 2, '×')} | {number(predicted, 2, '×')} |")
+            f"| {number(row.get('tokens_per_round'), 2)} | {hits} | {number(gain, 2, '×')} "
+            f"| {number(predicted, 2, '×')} |")
 
 
 def sweep_markdown(documents: Mapping[float, Mapping[str, Any]], modes: Sequence[str], header: str) -> str:

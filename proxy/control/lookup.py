@@ -26,7 +26,7 @@ PRIOR_WEIGHT = 2.0  # paths' worth of the route's survival behind a request's ow
 
 
 def lookup_length(costs: RouteCosts, odds: Sequence[float], competing_rate: float | None) -> int:
-    """The prefix with the best predicted tokens/s (odds[j]: the path is right up to j); 0 if it loses to competing_rate."""
+    """The prefix with the best predicted tokens/s (odds[j]: path right up to j); 0 if it loses to competing_rate."""
     if costs.verified_sizes() < 2:
         return len(odds)  # one measured K cannot tell how cost grows with K: verify it all, which measures it
     best_length, best_rate = len(odds), None

@@ -96,7 +96,8 @@ def _walk(corpus: np.ndarray, ends: np.ndarray, cap: int, min_prob: float, prefi
         tokens.append(int(values[best]))
         probs.append(prob)
         positions = positions[following == values[best]] + 1
-    return Continuation(tuple(tokens), tuple(probs), *((prefix.match_length, prefix.anchor) if prefix else ())), branches
+    anchoring = (prefix.match_length, prefix.anchor) if prefix else ()
+    return Continuation(tuple(tokens), tuple(probs), *anchoring), branches
 
 
 def continuations(corpus: np.ndarray, query: np.ndarray, settings: LookupSettings) -> list[Continuation]:

@@ -26,7 +26,8 @@ class Metrics:
     def __post_init__(self) -> None:
         r, route = self.registry, ["route"]
         # Names follow vLLM's spec-decode metrics (vllm/v1/spec_decode/metrics.py), prefixed.
-        self.num_drafts = Counter("speculoos_spec_decode_num_drafts", "Speculative rounds with drafts", route, registry=r)
+        self.num_drafts = Counter("speculoos_spec_decode_num_drafts", "Speculative rounds with drafts",
+                                  route, registry=r)
         self.num_draft_tokens = Counter("speculoos_spec_decode_num_draft_tokens", "Drafted tokens", route, registry=r)
         self.num_accepted_tokens = Counter("speculoos_spec_decode_num_accepted_tokens", "Accepted draft tokens",
                                            route, registry=r)

@@ -85,7 +85,8 @@ def support_from_top_n(verification: Verification, draft_tokens: tuple[int, ...]
         if scored.token_id is not None and scored.token_logprob is not None:
             known.setdefault(scored.token_id, scored.token_logprob)
         draft_ids = np.flatnonzero(draft_probs[position]) if position < k else np.array([], dtype=np.int64)
-        ids = np.array(sorted(set(known) | set(draft_ids.tolist())), dtype=np.int64)  # ascending: argmax ties -> lower id
+        # ascending: argmax ties -> lower id
+        ids = np.array(sorted(set(known) | set(draft_ids.tolist())), dtype=np.int64)
         logprobs = np.array([known.get(i, -math.inf) for i in ids.tolist()])
         rows.append((ids, processed_probs(logprobs, params, order),
                      draft_probs[position, ids] if position < k else None))

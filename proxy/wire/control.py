@@ -9,7 +9,8 @@ from typing import Any
 from proxy.errors import BadRequestError
 
 CONTROL_HEADER = "X-Speculoos"  # "off", "on" (skip the controller), or "k=N" (pin K)
-CONTROL_FIELD = "speculoos"  # body: {"mode": "off" | "on" | "auto", "k": N, "pipeline": bool}; removed before forwarding
+# body: {"mode": "off" | "on" | "auto", "k": N, "pipeline": bool}; removed before forwarding
+CONTROL_FIELD = "speculoos"
 MAX_PINNED_K = 32
 
 

@@ -28,7 +28,8 @@ class GenerationOutcome:
     error: str | None = None  # what ended a stream in-band, if anything did
 
 
-async def _open_stream(request: web.Request, shape: ResponseShape, headers: dict[str, str] | None) -> web.StreamResponse:
+async def _open_stream(request: web.Request, shape: ResponseShape,
+                       headers: dict[str, str] | None) -> web.StreamResponse:
     """Send the SSE headers and, for chat, the first chunk with the assistant role."""
     response = web.StreamResponse(headers={**SSE_HEADERS, **(headers or {})})
     await response.prepare(request)

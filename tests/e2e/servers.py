@@ -95,8 +95,8 @@ def verifier_fixture(model: str, doc: str, *, scope: Literal["session", "module"
 def write_routes(path: Path, upstream: str, draft: str | None, *, k: int = 4, extra: str = "",
                  kind: str = "model", parallel: int = 4, draft_extra: str = "") -> Path:
     """A one-route routes.yaml pointing at `upstream`."""
-    draft_block = (f"    draft: {{kind: {kind}, model: {draft}, threads: {THREADS}, {APART}, ctx: 4096, parallel: {parallel}"
-                   f"{draft_extra}}}\n" if draft else "")
+    draft_block = (f"    draft: {{kind: {kind}, model: {draft}, threads: {THREADS}, {APART}, ctx: 4096, "
+                   f"parallel: {parallel}{draft_extra}}}\n" if draft else "")
     path.write_text(
         "routes:\n"
         "  - name: test\n"

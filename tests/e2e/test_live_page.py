@@ -88,7 +88,8 @@ def test_live_page_shows_tokens_by_origin_and_the_routes(live_proxy: Process, br
     assert {"accepted", "recovered"} <= origins, origins
     assert speculative.find_element(By.CSS_SELECTOR, ".text").text == text  # type: ignore[attr-defined]
     colours = {origin: speculative.find_element(  # type: ignore[attr-defined]
-        By.CSS_SELECTOR, f".tok.{origin}").value_of_css_property("background-color") for origin in ("accepted", "recovered")}
+        By.CSS_SELECTOR, f".tok.{origin}").value_of_css_property("background-color")
+        for origin in ("accepted", "recovered")}
     assert len(set(colours.values())) == 2 and "rgba(0, 0, 0, 0)" not in colours.values(), colours
     assert speculative.find_elements(By.CSS_SELECTOR, ".timeline .round")  # type: ignore[attr-defined]
 

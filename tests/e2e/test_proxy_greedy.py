@@ -118,7 +118,8 @@ CALIBRATION_TEXT = "\n".join(case.text for case in CASES)  # the tolerance is me
 @pytest.fixture(scope="module")
 def smol_tolerance(smol_verifier: Process) -> float:
     """SmolLM2's near-tie tolerance from its measured batch-vs-sequential discrepancy."""
-    return greedy.near_tie_tolerance(smol_verifier.url, greedy.tokenize(smol_verifier.url, {"prompt": CALIBRATION_TEXT}))
+    return greedy.near_tie_tolerance(smol_verifier.url,
+                                     greedy.tokenize(smol_verifier.url, {"prompt": CALIBRATION_TEXT}))
 
 
 def test_smollm2_self_draft_matches_the_target(smol_proxy: Process, smol_verifier: Process,

@@ -29,7 +29,8 @@ CASES = {
     "one call": [{"role": "user", "content": "What is the weather in Paris right now?"}],
     "a file": [{"role": "user", "content": "Save a Python script that prints 'hello' to hello.py."}],
     "after the tool answered": [{"role": "user", "content": "What is the weather in Paris right now?"}, CALLED,
-                                {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21, "sky": "clear"}'}],
+                                {"role": "tool", "tool_call_id": "call_1",
+                                 "content": '{"temperature": 21, "sky": "clear"}'}],
 }
 
 

@@ -1,6 +1,7 @@
 """Seeded chi-square tests of the round loop over many requests through a fake upstream (its real HTTP): the tokens
 of rounds drafted ahead, of prediction rounds and of rounds the model led into the prediction follow the target's
-distribution, and a draft that claims a wrong distribution fails the same test. Thousands of requests: beside the end-to-end tier rather than in the unit tier."""
+distribution, and a draft that claims a wrong distribution fails the same test. Thousands of requests: beside the
+end-to-end tier rather than in the unit tier."""
 
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ def row(workload: str, mode: str, rate: float | None, **figures: float | int | N
 
 ROUTE = {"route": "local", "draft_seconds_per_token": 0.05, "verify_seconds_by_k": {"4": 0.3}}
 DOCUMENTS = {
-    0.0: {"proxy_status": ROUTE, "rows": [row("w", "direct", 10.0), row("w", "auto", 12.0, alpha=0.5, tokens_per_round=2.0),
+    0.0: {"proxy_status": ROUTE, "rows": [row("w", "direct", 10.0),
+                   row("w", "auto", 12.0, alpha=0.5, tokens_per_round=2.0),
                    row("w", "k=4/seq", 15.0, alpha=0.6, tokens_per_round=3.0),
                    row("w", "k=4", 18.0, alpha=0.6, tokens_per_round=3.0, pre_draft_hit_rate=0.25,
                        pre_draft_hits=1, pre_drafts_started=4)]},

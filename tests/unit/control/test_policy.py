@@ -237,7 +237,8 @@ def test_a_request_stops_exploring_once_even_accepting_every_draft_could_not_bea
     ("ynnynnyn", False),  # the draft agrees on a third of the text: even optimistically it loses, reading stops
     ("yyyyyyyn", True),  # the control: agreement that could pay keeps it reading
 ])
-def test_a_request_gives_the_model_draft_up_once_it_could_not_pay_even_optimistically(chunk: str, may_pay: bool) -> None:
+def test_a_request_gives_the_model_draft_up_once_it_could_not_pay_even_optimistically(chunk: str,
+                                                                                      may_pay: bool) -> None:
     costs = RouteCosts(0.1, 4)
     feed_rounds(costs, 4, 2, draft_s=0.0, verify_s=0.10)
     costs.record_plain(tokens=100, seconds=100 * 0.05)  # 20 tok/s plain; a round of 5 tokens in 0.1 s would be 50

@@ -1,4 +1,4 @@
-"""Warming up: while the draft model reads the prompt, the target decodes plainly; drafting starts once it has read it."""
+"""Warming up: while the draft model reads the prompt, the target decodes plainly; drafting starts once it is read."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for proxy.sampling.candidates: exact identity per node, seeded chi-square over a token tree, a negative control."""
+"""proxy.sampling.candidates: exact identity per node, seeded chi-square over a token tree, a negative control."""
 
 from __future__ import annotations
 

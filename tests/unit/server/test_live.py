@@ -58,7 +58,8 @@ def openai_app() -> web.Application:
     async def chat(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         if not body.get("stream"):
-            return web.json_response({"choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(PIECES)},
+            return web.json_response({"choices": [{"index": 0,
+                                                   "message": {"role": "assistant", "content": "".join(PIECES)},
                                                    "finish_reason": "stop"}], "usage": {"completion_tokens": 3}})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)

@@ -210,6 +210,7 @@ def test_the_fuzz_reaches_both_modes(fuzzed: tuple[asyncio.AbstractEventLoop, Te
     """The fuzz proves something only if valid bodies are served, speculatively and passed through."""
     loop, server = fuzzed
     body = {"model": "toy", "messages": MESSAGES, "max_tokens": 5, "temperature": 0}
-    modes: Sequence[str] = [loop.run_until_complete(post(server, CHAT_PATH, {**body, **extra}, {"X-Speculoos": "on"}))[1][MODE]
-                            for extra in ({}, {"ignore_eos": True})]
+    modes: Sequence[str] = [
+        loop.run_until_complete(post(server, CHAT_PATH, {**body, **extra}, {"X-Speculoos": "on"}))[1][MODE]
+        for extra in ({}, {"ignore_eos": True})]
     assert list(modes) == ["speculative", "passthrough"]

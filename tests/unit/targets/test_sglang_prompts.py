@@ -84,7 +84,8 @@ async def test_probe_lines_name_every_finding() -> None:
         lines = dict((await target.probe()).lines())
     assert lines["server"] == "sglang 0.5.23" and lines["context length"].startswith(f"{CONTEXT_SIZE} tokens")
     assert "--enable-deterministic-inference" in lines["seeds"]
-    assert lines["chat prompts"] == "verified: the chat endpoint's prompt_token_ids agree; a generation prompt of 1 tokens"
+    assert lines["chat prompts"] == (
+        "verified: the chat endpoint's prompt_token_ids agree; a generation prompt of 1 tokens")
     assert "current SGLang" in lines["log-prob alignment"]
 
 

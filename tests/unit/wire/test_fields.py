@@ -24,8 +24,8 @@ from proxy.wire.control import RequestControl
 from proxy.wire.fields import is_neutral
 from proxy.wire.request import CHAT, COMPLETION, parse_generation_request
 
-OPENAI_CHAT = ["messages", "model", "audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
-               "max_completion_tokens", "max_tokens", "metadata", "modalities", "moderation", "n",
+OPENAI_CHAT = ["messages", "model", "audio", "frequency_penalty", "function_call", "functions", "logit_bias",
+               "logprobs", "max_completion_tokens", "max_tokens", "metadata", "modalities", "moderation", "n",
                "parallel_tool_calls", "prediction", "presence_penalty", "prompt_cache_key", "prompt_cache_options",
                "prompt_cache_retention", "reasoning_effort", "response_format", "safety_identifier", "seed",
                "service_tier", "stop", "store", "stream", "stream_options", "temperature", "tool_choice", "tools",
@@ -167,10 +167,12 @@ NEUTRAL_CASES = [
     # (id, kind, fields): values that change nothing, so the request speculates
     ("n 1", CHAT, {"n": 1}), ("best_of 1", COMPLETION, {"best_of": 1}), ("echo false", COMPLETION, {"echo": False}),
     ("chat logprobs false", CHAT, {"logprobs": False}), ("logprobs null", COMPLETION, {"logprobs": None}),
-    ("ignore_eos false", CHAT, {"ignore_eos": False}), ("skip_special_tokens true", CHAT, {"skip_special_tokens": True}),
+    ("ignore_eos false", CHAT, {"ignore_eos": False}),
+    ("skip_special_tokens true", CHAT, {"skip_special_tokens": True}),
     ("include_stop_str_in_output false", COMPLETION, {"include_stop_str_in_output": False}),
     ("stop_token_ids empty", CHAT, {"stop_token_ids": []}), ("min_tokens 0", CHAT, {"min_tokens": 0}),
-    ("presence_penalty 0.0", CHAT, {"presence_penalty": 0.0}), ("repetition_penalty 1.0", CHAT, {"repetition_penalty": 1.0}),
+    ("presence_penalty 0.0", CHAT, {"presence_penalty": 0.0}),
+    ("repetition_penalty 1.0", CHAT, {"repetition_penalty": 1.0}),
     ("tool_choice none", CHAT, {"tool_choice": "none"}), ("tools empty", CHAT, {"tools": []}),
     ("tools, auto", CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"}),
     ("parallel_tool_calls true", CHAT, {"parallel_tool_calls": True}),

@@ -146,7 +146,8 @@ def test_a_body_with_calls_has_null_content_and_finishes_with_tool_calls() -> No
     assert body["choices"][0] == {
         "index": 0, "logprobs": None, "finish_reason": "tool_calls",
         "message": {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}}
+            {"id": "call_0", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}}
 
 
 def test_a_body_without_calls_is_left_as_it_is() -> None:
@@ -218,14 +219,16 @@ TEMPLATED = [
 
 @pytest.mark.parametrize(("sent", "seen"), [case[1:] for case in TEMPLATED], ids=[case[0] for case in TEMPLATED])
 def test_the_template_sees_tool_call_arguments_as_objects(sent: Any, seen: dict) -> None:
-    messages = [{"role": "user", "content": "hi"}, assistant(sent), {"role": "tool", "content": "42", "tool_call_id": "c"}]
+    messages = [{"role": "user", "content": "hi"}, assistant(sent),
+                {"role": "tool", "content": "42", "tool_call_id": "c"}]
     rendered = template_messages(messages)
     assert rendered[1]["tool_calls"][0]["function"] == {"name": "f", "arguments": seen}
     assert rendered[0] == messages[0] and rendered[2] == messages[2]
     assert messages[1] == assistant(sent), "the request's own messages are left as they are"
 
 
-@pytest.mark.parametrize(("tools", "expected"), [(None, None), ([], None), ([{"type": "function"}], [{"type": "function"}])])
+@pytest.mark.parametrize(("tools", "expected"),
+                         [(None, None), ([], None), ([{"type": "function"}], [{"type": "function"}])])
 def test_request_tools(tools: Any, expected: Any) -> None:
     assert request_tools({"tools": tools}) == expected
 
