@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -209,12 +210,19 @@ def test_summarise_rows() -> None:
     assert ours.ttft_ms == 250.0
 
 
-def test_each_row_is_compared_with_plain_llama_server_and_its_best_speculation() -> None:
+def test_each_row_is_compared_with_plain_llama_server_and_its_fastest_row() -> None:
     rows = peers_report.summarise(SAMPLES)
     against = peers_report.comparisons(rows)
     assert against[0] == (1.0, pytest.approx(21 / 28))
     assert against[3] == (pytest.approx(14 / 21), pytest.approx(14 / 28))
-    assert against[4] == (1.0, None)  # two devices: no speculative llama-server row measured there
+    assert against[4] == (1.0, 1.0)  # two devices: only plain llama-server measured there, its best
+
+
+def test_plain_llama_server_is_its_best_where_its_speculation_loses() -> None:
+    slower = [replace(s, tokens_per_second=s.tokens_per_second / 2) if s.row.startswith("llama-server -") else s
+              for s in SAMPLES]
+    against = peers_report.comparisons(peers_report.summarise(slower))
+    assert against[3] == (pytest.approx(14 / 21), pytest.approx(14 / 21))
 
 
 def test_markdown_and_json() -> None:
@@ -224,7 +232,7 @@ def test_markdown_and_json() -> None:
     assert ("| shared | – | 0 | code_editing | llama-server --spec-type ngram-simple | 28.0 | 1.33× | 1.00× "
             "| 250 | 0.60 | 3.00 |") in text
     assert "| Speculoos + our verifier (1 of 2 failed) | 14.0 | 0.67× | 0.50× |" in text
-    assert "| two-device | 10 | 0 | code_editing | llama-server | 10.0 | 1.00× | – |" in text
+    assert "| two-device | 10 | 0 | code_editing | llama-server | 10.0 | 1.00× | 1.00× |" in text
     document = peers_report.as_json(rows, SAMPLES, {"prompts": 2})
     assert document["format"] == "speculoos-bench-peers" and document["config"] == {"prompts": 2}
     assert document["rows"][3]["vs_llama_plain"] == pytest.approx(14 / 21)
