@@ -4,9 +4,12 @@
     ├── ClientError (4xx: the request is wrong)
     │   ├── BadRequestError          400 invalid_request_error
     │   │   └── ContextOverflowError 400 (prompt + max_tokens exceed the context)
+    │   ├── UnauthorizedError        401 (a missing or wrong API key: the verifier's --api-key)
     │   ├── ForbiddenError           403 (a browser request from a foreign Host or Origin)
     │   ├── NotFoundError            404 (unknown model or route)
-    │   └── PayloadTooLargeError     413
+    │   │   └── PathNotFoundError    404 (a path the proxy does not forward)
+    │   ├── PayloadTooLargeError     413
+    │   └── UnsupportedMediaError    415 (a POST body not sent as application/json: the verifier)
     ├── OverloadedError              503 (every slot busy and the queue full; Retry-After)
     └── UpstreamError (5xx: the server behind us failed)
         ├── UpstreamUnavailableError 502 (refused, reset, garbage)
@@ -60,6 +63,17 @@ class ContextOverflowError(BadRequestError):
     code = "context_length_exceeded"
 
 
+class UnauthorizedError(ClientError):
+    """The request carries no API key, or not the one asked for."""
+
+    status = 401
+    code = "invalid_api_key"
+
+    def headers(self) -> dict[str, str]:
+        """The scheme the key is asked for in (RFC 9110 §11.6.1)."""
+        return {"WWW-Authenticate": "Bearer"}
+
+
 class ForbiddenError(ClientError):
     """A request the proxy refuses to serve whatever its body (a foreign Host or a cross-site Origin)."""
 
@@ -74,10 +88,22 @@ class NotFoundError(ClientError):
     code = "model_not_found"
 
 
+class PathNotFoundError(NotFoundError):
+    """A path the proxy neither serves nor forwards."""
+
+    code = None
+
+
 class PayloadTooLargeError(ClientError):
     """The request body is over the configured limit."""
 
     status = 413
+
+
+class UnsupportedMediaError(ClientError):
+    """A request body in a media type other than JSON."""
+
+    status = 415
 
 
 class OverloadedError(SpeculoosError):

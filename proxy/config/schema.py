@@ -19,7 +19,7 @@ from proxy.config.server import ServerConfig
 from proxy.config.server import normal_origin as normal_origin
 from proxy.config.speculation import AssumedCostsConfig as AssumedCostsConfig
 from proxy.config.speculation import FallbackConfig, SpeculationConfig
-from proxy.config.upstream import TimeoutsConfig, UpstreamConfig
+from proxy.config.upstream import PassthroughConfig, TimeoutsConfig, UpstreamConfig
 
 Loc = tuple[Any, ...]  # mapping keys (usually str) and list indices (int)
 
@@ -45,6 +45,7 @@ class Route(Section):
     name: str = Field(min_length=1)
     match: MatchConfig = Field(default_factory=MatchConfig)
     upstream: UpstreamConfig
+    passthrough: PassthroughConfig = Field(default_factory=PassthroughConfig)
     draft: DraftConfig | None = None  # None: this route never speculates
     speculation: SpeculationConfig = Field(default_factory=SpeculationConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)

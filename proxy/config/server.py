@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 
 from proxy.config.section import Section
 
 MIB = 1024 * 1024
 DEFAULT_HOST = "127.0.0.1"  # loopback only: the proxy carries API keys, exposing it must be a choice
+MIN_LIVE_TOKEN_CHARS = 16
 
 
 class ServerConfig(Section):
@@ -24,25 +25,46 @@ class ServerConfig(Section):
       names its clients use (IP addresses are then accepted too: a rebinding page always uses a name);
     - the Origin header is absent (not a browser), the proxy's own origin, or one of
       `allowed_origins` (`scheme://host[:port]`; "null" for sandboxed pages and files; "*" for any).
-      A listed origin also gets CORS answers, preflights included.
-    Anything else is a 403 with an OpenAI error body.
+      A listed origin also gets CORS answers, preflights included;
+    - outside the OpenAI API (the info paths forwarded, /metrics, /speculoos/status), a request a
+      page of another site sent (`Sec-Fetch-Site: cross-site` or `same-site`: an `<img src>` sends
+      no Origin) carries a listed Origin.
+    Anything else is a 403 with an OpenAI error body. `host` is the address `speculoos serve --host`
+    binds when given: the rules judge by the address actually served.
     """
 
     host: str = Field(default=DEFAULT_HOST, min_length=1)
     port: int = Field(default=8080, ge=0, le=65535)
     max_body_bytes: int = Field(default=8 * MIB, gt=0)
     live: bool = False  # GET /speculoos/live: shows prompts and outputs, so off unless asked for
+    # The live page's view of every tenant (each API key sees its own requests without it); generated when unset.
+    live_token: SecretStr | None = None
     allowed_hosts: tuple[str, ...] = ()  # Host names (no port) accepted besides loopback and `host`; "*": any
     allowed_origins: tuple[str, ...] = ()  # browser origins that may call the API
+
+    @field_validator("live_token", mode="before")
+    @classmethod
+    def _strong_token(cls, token: object) -> object:
+        """A token a browser can send in a header and nobody guesses; the message never echoes it."""
+        text = token.get_secret_value() if isinstance(token, SecretStr) else token
+        if text is None:
+            return None
+        if not isinstance(text, str) or not all("!" <= c <= "~" for c in text):
+            raise ValueError("must be visible ASCII characters (no spaces)")
+        if len(text) < MIN_LIVE_TOKEN_CHARS:
+            raise ValueError(f"must have at least {MIN_LIVE_TOKEN_CHARS} characters "
+                             "(python3 -c 'import secrets; print(secrets.token_urlsafe())' makes one)")
+        return token
+
+    def live_token_value(self) -> str | None:
+        """The configured admin token of the live page, if any."""
+        return None if self.live_token is None else self.live_token.get_secret_value()
 
     @field_validator("allowed_hosts")
     @classmethod
     def _host_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
         """Bare names or addresses, compared case-insensitively."""
-        for name in names:
-            if not name or any(c in name for c in "/@ \t") or (":" in name and not name.startswith("[")):
-                raise ValueError(f"must be host names without scheme or port, like proxy.lan or [::1] (got {name!r})")
-        return tuple(name.lower().strip("[]") for name in names)
+        return host_names(names)
 
     @field_validator("allowed_origins")
     @classmethod
@@ -55,6 +77,14 @@ class ServerConfig(Section):
                 raise ValueError(f"must be scheme://host[:port], null or * (got {origin!r})")
             normal.append(key)
         return tuple(normal)
+
+
+def host_names(names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """Host names as the rules compare them (lower case, no brackets); ValueError for one with a scheme or port."""
+    for name in names:
+        if not name or any(c in name for c in "/@ \t") or (":" in name and not name.startswith("[")):
+            raise ValueError(f"must be host names without scheme or port, like proxy.lan or [::1] (got {name!r})")
+    return tuple(name.lower().strip("[]") for name in names)
 
 
 def normal_origin(origin: str) -> str | None:

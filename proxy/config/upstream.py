@@ -1,13 +1,16 @@
-"""The upstream and timeouts sections: the LLM server a route forwards to, and how long to wait for it."""
+"""The upstream, passthrough and timeouts sections: the LLM server a route forwards to, what besides the API it
+forwards, and how long to wait for it."""
 
 from __future__ import annotations
 
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 
 from proxy.config.section import Section
+
+OWN_PREFIX = "/speculoos/"  # the proxy's own pages
 
 
 class UpstreamConfig(Section):
@@ -42,7 +45,31 @@ class UpstreamConfig(Section):
             raise ValueError(f"must name a host (got {url!r})")
         if "?" in url or "#" in url:
             raise ValueError(f"must not have a query or fragment (got {url!r})")
+        if _dot_segments(unquote(parts.path)):  # a URL library would resolve them: the base path would not hold
+            raise ValueError(f"must not have '.' or '..' path segments (got {url!r})")
         return url.rstrip("/")
+
+
+class PassthroughConfig(Section):
+    """Paths the route forwards untouched besides the OpenAI API and its protocol's read-only info paths."""
+
+    # Globs on the decoded request path (`*` spans segments): each gets the route's key from any client.
+    paths: tuple[str, ...] = ()
+
+    @field_validator("paths")
+    @classmethod
+    def _absolute_paths(cls, paths: tuple[str, ...]) -> tuple[str, ...]:
+        """Absolute paths without query, dot segments, or the proxy's own prefix."""
+        for path in paths:
+            if not path.startswith("/") or "?" in path or "#" in path or _dot_segments(path):
+                raise ValueError(f"must be absolute paths without query or '.' and '..' segments (got {path!r})")
+            if path.startswith(OWN_PREFIX) or path == OWN_PREFIX.rstrip("/"):
+                raise ValueError(f"{OWN_PREFIX}* are the proxy's own paths, never forwarded (got {path!r})")
+        return paths
+
+
+def _dot_segments(path: str) -> bool:
+    return any(segment in (".", "..") for segment in path.split("/"))
 
 
 class TimeoutsConfig(Section):

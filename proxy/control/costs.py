@@ -10,9 +10,8 @@ predict (verification by K, round time, rate) is computed by proxy/control/cost_
 
 from __future__ import annotations
 
-import os
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,25 +27,6 @@ from proxy.drafting.base import MODEL_SOURCE
 
 RECENT_VERIFICATIONS = 256  # the window the context slope is fitted over
 MIN_PLAIN_TOKENS = 4  # shorter passthrough answers say little about the decoding rate
-# A testing aid: speculation's timed costs (verifications, draft steps, model rounds as they ran) are multiplied by
-# this factor before they are folded in, plain decoding's are not. Decisions then fall as they would on a machine
-# whose cores verify and draft that much slower (> 1) or faster (< 1) relative to decoding, so a test whose
-# verdict depends on this machine's speed fails here too.
-COST_SCALE_ENV = "SPECULOOS_TEST_COST_SCALE"
-
-
-def cost_scale_from_env(environ: Mapping[str, str] | None = None) -> float:
-    """The factor `$SPECULOOS_TEST_COST_SCALE` sets (1.0 when unset); ValueError unless a positive number."""
-    text = (os.environ if environ is None else environ).get(COST_SCALE_ENV, "").strip()
-    if not text:
-        return 1.0
-    try:
-        scale = float(text)
-    except ValueError:
-        scale = float("nan")
-    if not scale > 0 or scale == float("inf"):
-        raise ValueError(f"{COST_SCALE_ENV} must be a positive number (got {text!r})")
-    return scale
 
 
 @dataclass
@@ -83,7 +63,7 @@ class RouteCosts:
     weight: float  # the EWMA weight of a new observation
     k_max: int  # positions tracked for α per position
     pipelined: bool = False  # the route's requests draft ahead while a round is verified
-    scale: float = 1.0  # speculation's timed costs are multiplied by it (COST_SCALE_ENV)
+    scale: float = 1.0  # speculation's timed costs are multiplied by it (proxy.control.cost_scale)
     assumed = False  # costs are measured on the hardware the rounds run on
     alpha: Ewma = field(init=False)  # the model draft's
     lookup_alpha: Ewma = field(init=False)  # lookup drafts'

@@ -41,7 +41,7 @@ class RouteController:
     configured_k: int
     looks_up: bool = False  # the route's drafter proposes lookup paths: each request decides round by round
     pipelined: bool = False  # the route's requests draft ahead while a round is verified
-    cost_scale: float = 1.0  # speculation's timed costs multiplied by it (proxy.control.costs.COST_SCALE_ENV)
+    cost_scale: float = 1.0  # speculation's timed costs multiplied by it (proxy.control.cost_scale)
     clock: Callable[[], float] = time.monotonic
     costs: RouteCosts = field(init=False)
     current: Choice = field(init=False)

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from proxy.errors import UpstreamError
 from proxy.sampling.processors import SamplingParams
 from proxy.server.runtime import CONFIG, METRICS, RUNTIMES, RouteRuntime
+
+
+def shown_url(url: str) -> str:
+    """scheme://host:port of an upstream URL, and "/…" for any path: the config may have put a secret there
+    (${env.X}), and which part it interpolated is not kept."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host  # an IPv6 address
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return f"{parts.scheme.lower()}://{netloc}" + ("/…" if parts.path.strip("/") else "")
 
 
 def _has_glob(pattern: str) -> bool:
@@ -43,7 +55,8 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 def _exact_for_any_sampling(runtime: RouteRuntime) -> bool:
     """Whether the target verifies exactly whatever the sampling parameters (unrestricted sampling is the test)."""
     target = runtime.target
-    return target is not None and target.exactness_problem(SamplingParams(), runtime.route.speculation.top_logprobs) is None
+    top_n = runtime.route.speculation.top_logprobs
+    return target is not None and target.exactness_problem(SamplingParams(), top_n) is None
 
 
 def _sequences(runtime: RouteRuntime) -> dict[str, int] | None:
@@ -59,12 +72,13 @@ async def status(request: web.Request) -> web.Response:
         tokenizer = runtime.tokenizer
         routes.append({
             "route": runtime.name,
-            "upstream": runtime.route.upstream.url,
+            "upstream": shown_url(runtime.route.upstream.url),
             "protocol": runtime.route.upstream.protocol,
             "draft": runtime.route.draft.model if runtime.route.draft else None,
             "exact_sampling": _exact_for_any_sampling(runtime),
             "draft_sequences": _sequences(runtime),
-            "tokenizer": None if tokenizer is None else {"compatible": tokenizer.compatible, "reason": tokenizer.reason},
+            "tokenizer": (None if tokenizer is None
+                          else {"compatible": tokenizer.compatible, "reason": tokenizer.reason}),
             **runtime.controller.status(),
         })
     return web.json_response({"routes": routes})

@@ -92,7 +92,7 @@ class Resources:
 
 async def open_resources(config: Config, load_drafter: DrafterLoader, *, cost_scale: float = 1.0) -> Resources:
     """Open every route's upstream client and drafter (drafts with identical settings share one model); speculation's
-    timed costs are multiplied by cost_scale (a testing aid: proxy.control.costs.COST_SCALE_ENV)."""
+    timed costs are multiplied by cost_scale (a testing aid: proxy.control.cost_scale)."""
     resources = Resources({}, [])
     loaded: dict[EngineOptions, Drafter] = {}
     gate = CoreGate()  # one machine's cores: every draft model that shares them takes turns with its target

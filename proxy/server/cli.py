@@ -12,7 +12,7 @@ from aiohttp import web
 
 from proxy.config.load import ConfigError, load_config
 from proxy.config.schema import Config
-from proxy.control.costs import COST_SCALE_ENV, cost_scale_from_env
+from proxy.control.cost_scale import COST_SCALE_ENV, cost_scale_from_env
 from proxy.engine.threads import usable_cores
 from proxy.observability import logs
 from proxy.sampling.processors import SamplingParams
@@ -68,6 +68,8 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"speculoos: route {draft.route}: {draft.line()}", flush=True)
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
+    # The browser guard and the live page judge Host headers by the address actually bound, not the file's.
+    config = config.model_copy(update={"server": config.server.model_copy(update={"host": host, "port": port})})
     print(f"speculoos: proxy on http://{host}:{port}/v1", flush=True)
     web.run_app(create_app(config, cost_scale=scale), host=host, port=port, print=None, access_log=None,
                 handler_cancellation=True)

@@ -1,4 +1,4 @@
-"""Chat and completions: parse -> admit -> run the session -> emit; every other path passes through.
+"""Chat and completions: parse -> admit -> run the session -> emit; the paths listed in paths.py pass through.
 
 Each generation request is routed, then served in one of two modes:
 - speculative: prompt ids from the upstream's /tokenize, rounds of draft + verify, emitted here
@@ -30,7 +30,7 @@ from proxy.errors import NotFoundError
 from proxy.observability.logs import SwitchLog
 from proxy.observability.metrics import RouteMetrics
 from proxy.observability.request_stats import RequestStats
-from proxy.server import guard, live
+from proxy.server import guard, live, paths
 from proxy.server.passthrough import forward
 from proxy.server.runtime import CONFIG, METRICS, RUNTIMES, RouteRuntime
 from proxy.targets.base import Target
@@ -278,7 +278,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def passthrough_any(request: web.Request) -> web.StreamResponse:
-    """Every other path and method: forwarded untouched to the route's upstream."""
+    """Every other path the route forwards (proxy.server.paths), untouched, to its upstream; anything else is a 404."""
+    if not any(paths.forwards(route, request.path) for route in request.app[CONFIG].routes):
+        raise paths.not_forwarded(request.method, request.path)  # refused before its body is read
     model = None
     if request.can_read_body and request.content_type == "application/json":
         try:
@@ -286,5 +288,7 @@ async def passthrough_any(request: web.Request) -> web.StreamResponse:
             model = body.get("model") if isinstance(body, dict) else None
         except (ValueError, RecursionError):  # not JSON, a number too long, nesting too deep
             model = None  # not ours to judge: the upstream answers malformed bodies itself
-    return await forward(request, runtime_for(request, model if isinstance(model, str) else None).upstream,
-                         extra_headers={MODE_HEADER: PASSTHROUGH})
+    runtime = runtime_for(request, model if isinstance(model, str) else None)
+    if not paths.forwards(runtime.route, request.path):
+        raise paths.not_forwarded(request.method, request.path)
+    return await forward(request, runtime.upstream, extra_headers={MODE_HEADER: PASSTHROUGH})

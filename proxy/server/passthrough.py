@@ -1,4 +1,11 @@
-"""Forward a request to the upstream untouched, streaming the answer back byte for byte."""
+"""Forward a request to the upstream untouched, streaming the answer back byte for byte.
+
+Untouched save for what belongs to one hop: hop-by-hop headers (RFC 9110 §7.6.1: the standard set and
+every one a Connection header names) stop here both ways, and a request body aiohttp's server decoded
+(Content-Encoding gzip, deflate, br or zstd) goes on decoded, without the headers that described the
+encoded bytes. Decoded rather than raw because the raw bytes are gone once aiohttp has read them, and
+the generation handlers read (and may rewrite) the JSON body before it is forwarded.
+"""
 
 from __future__ import annotations
 
@@ -9,39 +16,74 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-from proxy.errors import UpstreamError
+from proxy.errors import UpstreamError, UpstreamUnavailableError
 from proxy.targets.upstream import Upstream, iter_body
 from proxy.wire.response import SSE_DONE, sse_event
 
-# Hop-by-hop headers (RFC 9110 §7.6.1) and those aiohttp sets itself are not forwarded.
+# Hop-by-hop headers (RFC 9110 §7.6.1, and the old Proxy-Connection) and those aiohttp sets itself are not forwarded.
 HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te", "trailer",
     "trailers", "transfer-encoding", "upgrade", "host", "content-length",
 })
-
+# The content codings aiohttp's server decodes before a handler reads the body (its http_parser.py).
+DECODED_CODINGS = frozenset({"gzip", "deflate", "br", "zstd"})
+# Headers that describe a body's encoded bytes: wrong once the body is decoded.
+ENCODED_BODY = frozenset({"content-encoding", "content-md5", "content-digest", "repr-digest"})
 
 # An SSE event ends at a blank line; a line ends at CRLF, CR or LF (a CR before an LF is not an ending of its own).
 EVENT_END = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r|\n)")
+LONGEST_END = 4  # CRLF CRLF
+# An SSE event is held back until complete; an LLM server's are a few KiB. Meant to become a route setting.
+MAX_EVENT_BYTES = 16 << 20
 
 
 def forwardable(headers: Mapping[str, str]) -> dict[str, str]:
-    """Headers minus the hop-by-hop ones."""
-    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
+    """Headers minus the hop-by-hop ones: the standard set and those the Connection header names."""
+    named = {token.strip().lower() for name, value in headers.items() if name.lower() == "connection"
+             for token in value.split(",")}
+    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in named}
+
+
+def request_headers(request: web.Request) -> dict[str, str]:
+    """What of the client's headers goes on: not its Accept-Encoding, nor what described a body now decoded."""
+    dropped = {"accept-encoding"}
+    if request.headers.get("Content-Encoding", "").lower() in DECODED_CODINGS:
+        dropped |= ENCODED_BODY
+    return {k: v for k, v in forwardable(request.headers).items() if k.lower() not in dropped}
+
+
+class EventSplitter:
+    """SSE bytes in, complete events out (each with its blank line); each byte is scanned for an end about once."""
+
+    def __init__(self) -> None:
+        self.pending = bytearray()  # an event not yet complete
+        self._scanned = 0  # no event ends within pending[:_scanned], save one whose last bytes are still to come
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The events `data` completes; UpstreamUnavailableError once an event outgrows MAX_EVENT_BYTES."""
+        self.pending += data
+        events, start = [], 0
+        for end in EVENT_END.finditer(self.pending, max(0, self._scanned - LONGEST_END + 1)):
+            events.append(bytes(self.pending[start:end.end()]))
+            start = end.end()
+        del self.pending[:start]
+        self._scanned = len(self.pending)
+        if len(self.pending) > MAX_EVENT_BYTES:
+            raise UpstreamUnavailableError(f"upstream sent an SSE event of more than {MAX_EVENT_BYTES} bytes")
+        return events
 
 
 def split_events(data: bytes) -> tuple[list[bytes], bytes]:
     """SSE bytes as the complete events in them (each with its blank line) and the rest, not yet complete."""
-    events, start = [], 0
-    for end in EVENT_END.finditer(data):
-        events.append(data[start:end.end()])
-        start = end.end()
-    return events, data[start:]
+    splitter = EventSplitter()
+    events = splitter.feed(data)
+    return events, bytes(splitter.pending)
 
 
 async def forward(request: web.Request, upstream: Upstream, *, body: bytes | None = None,
                   extra_headers: dict[str, str] | None = None, meter: TokenMeter | None = None) -> web.StreamResponse:
     """Send the request on as it came (or with `body` instead) and stream the answer back."""
-    headers = {k: v for k, v in forwardable(request.headers).items() if k.lower() != "accept-encoding"}
+    headers = request_headers(request)
     headers.update(upstream.auth_headers(headers))
     # Uncompressed: a compressed stream could only be forwarded, metered and framed once it had all arrived.
     headers["Accept-Encoding"] = "identity"
@@ -55,18 +97,17 @@ async def forward(request: web.Request, upstream: Upstream, *, body: bytes | Non
             response.content_length = int(answer.headers["Content-Length"])
         await response.prepare(request)
         streaming = answer.content_type == "text/event-stream"
-        pending = b""  # SSE: the bytes of an event not yet complete; only whole events are forwarded
+        events = EventSplitter() if streaming else None  # SSE: only whole events are forwarded
         try:
             async for chunk in iter_body(answer, upstream.timeouts.idle):
                 if meter is not None:
                     meter.feed(chunk, time.perf_counter())
-                if streaming:
-                    events, pending = split_events(pending + chunk)
-                    chunk = b"".join(events)
+                if events is not None:
+                    chunk = b"".join(events.feed(chunk))
                 if chunk:
                     await response.write(chunk)
-            if pending:
-                await response.write(pending)
+            if events is not None and events.pending:
+                await response.write(bytes(events.pending))
         except UpstreamError as exc:
             # Bytes already reached the client: report in-band where the format allows it.
             if streaming:
@@ -82,11 +123,13 @@ class TokenMeter:
     """Watches a passthrough generation answer go by: completion tokens and their timing."""
 
     MAX_JSON_BYTES = 4 << 20  # a non-streamed answer larger than this is not parsed
+    MAX_TOKENS = 2**31 - 1  # a usage figure above this counts nothing
 
     def __init__(self) -> None:
         self.first_byte: float | None = None
         self.last_byte: float | None = None
-        self._buffer = b""
+        self._buffer = bytearray()  # a non-streamed answer, kept up to MAX_JSON_BYTES
+        self._events: EventSplitter | None = None  # a stream's; None once an event outgrew MAX_EVENT_BYTES
         self._content_chunks = 0
         self._usage_tokens: int | None = None
         self._streaming: bool | None = None
@@ -97,12 +140,20 @@ class TokenMeter:
         self.last_byte = now
         if self._streaming is None:
             self._streaming = chunk.lstrip().startswith(b"data:")
-        if len(self._buffer) < self.MAX_JSON_BYTES:
-            self._buffer += chunk
-        if self._streaming:
-            events, self._buffer = split_events(self._buffer)
-            for event in events:
-                self._read_event(event)
+            self._events = EventSplitter() if self._streaming else None
+        if not self._streaming:
+            if len(self._buffer) < self.MAX_JSON_BYTES:
+                self._buffer += chunk
+            return
+        if self._events is None:
+            return
+        try:
+            events = self._events.feed(chunk)
+        except UpstreamUnavailableError:
+            self._events = None  # the stream ends on it (forward()); the count so far stands
+            return
+        for event in events:
+            self._read_event(event)
 
     def _read_event(self, event: bytes) -> None:
         payload = event.strip()[len(b"data:"):].strip() if event.strip().startswith(b"data:") else b""
@@ -110,15 +161,16 @@ class TokenMeter:
             return
         try:
             body = json.loads(payload)
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (ValueError, RecursionError):  # not JSON, a number too long, nesting too deep
             return  # not ours to judge; the client gets the bytes as they are
         if isinstance(body, dict):
             self._count(body)
 
     def _count(self, body: dict) -> None:
         usage = body.get("usage")
-        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-            self._usage_tokens = usage["completion_tokens"]
+        tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        if isinstance(tokens, int) and not isinstance(tokens, bool) and 0 <= tokens <= self.MAX_TOKENS:
+            self._usage_tokens = tokens
         for choice in body.get("choices") or []:
             if not isinstance(choice, dict):
                 continue
@@ -131,7 +183,7 @@ class TokenMeter:
         if not self._streaming:
             try:
                 body = json.loads(self._buffer)
-            except (UnicodeDecodeError, json.JSONDecodeError):
+            except (ValueError, RecursionError):
                 return None
             if isinstance(body, dict):
                 self._count(body)

@@ -1,15 +1,17 @@
 """Checks on an upstream's answer before any of it reaches the sampler, the text stream or llama.cpp.
 
-An answer is trusted in shape only: every token id inside the vocabulary the route speculates in,
-every log-prob a finite number at most 0, every probability in [0, 1], the known probabilities of
-a position summing to at most 1 + PROBABILITY_EPS, and exactly the rows and widths asked for.
-Anything else is an `UpstreamUnavailableError` that names what was wrong, so the round is never
-accepted. (An id past the vocabulary makes llama.cpp throw through ctypes and abort the process;
-a NaN makes every acceptance test pass.)
+An answer is trusted in shape only: every token id a whole number inside the vocabulary the route
+speculates in, every log-prob a finite number at most 0, every probability in [0, 1], the known
+probabilities of a position summing to at most 1 + PROBABILITY_EPS, and exactly the rows and widths
+asked for. Anything else is an `UpstreamUnavailableError` that names what was wrong, so the round is
+never accepted. (An id past the vocabulary makes llama.cpp throw through ctypes and abort the process;
+a NaN makes every acceptance test pass; Python's json reads Infinity, NaN and ints no float holds.)
+Parsers catch MALFORMED around their reading, so an answer of the wrong shape is refused too.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Sequence
 
@@ -20,6 +22,12 @@ from proxy.errors import UpstreamUnavailableError
 # A server's float32 log-softmax and normalisation round by far less than this; a corruption that matters does not.
 PROBABILITY_EPS = 1e-3
 MAX_LOGPROB = math.log1p(PROBABILITY_EPS)
+# Past any vocabulary and any context, and within an int64: the bound when the route's own is unknown.
+MAX_TOKEN_ID = 2**31 - 1
+MAX_TOKENS = 2**31 - 1
+MAX_SHOWN = 40  # characters of an offending value a message shows
+# What reading an answer of the wrong shape raises: a key or index missing, a wrong type, a number no float holds.
+MALFORMED = (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError)
 
 
 def fail(message: str) -> UpstreamUnavailableError:
@@ -27,24 +35,59 @@ def fail(message: str) -> UpstreamUnavailableError:
     return UpstreamUnavailableError(f"upstream answer rejected: {message}")
 
 
-def token_ids(ids: Iterable[int], vocab_size: int | None, what: str) -> list[int]:
-    """The ids as ints, each inside the vocabulary (only >= 0 when its size is unknown)."""
-    checked = [int(token) for token in ids]
-    for token in checked:
-        if token < 0 or (vocab_size is not None and token >= vocab_size):
-            bound = f"0..{vocab_size - 1}" if vocab_size is not None else "ids >= 0"
-            raise fail(f"{what} holds token id {token}, outside the vocabulary ({bound})")
+def shown(value: object) -> str:
+    """A value as the upstream wrote it (JSON: Infinity, NaN, true), cut to MAX_SHOWN characters."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + "..."
+
+
+def _whole(value: object) -> int | None:
+    """An int from the wire, or None for a bool, a NaN, an infinity or a fraction (anything else: int()'s errors,
+    the caller's "malformed" error)."""
+    if isinstance(value, bool) or (isinstance(value, float) and not (math.isfinite(value) and value.is_integer())):
+        return None
+    return int(value)  # type: ignore[call-overload]
+
+
+def token_ids(ids: Iterable[object], vocab_size: int | None, what: str) -> list[int]:
+    """The ids as ints, each inside the vocabulary (0..MAX_TOKEN_ID when its size is unknown)."""
+    checked = []
+    for value in ids:
+        token = _whole(value)
+        if token is None:
+            raise fail(f"{what} holds {shown(value)} where a token id belongs")
+        if token < 0 or token >= (vocab_size if vocab_size is not None else MAX_TOKEN_ID + 1):
+            bound = (f"0..{vocab_size - 1}" if vocab_size is not None
+                     else "ids >= 0" if token < 0 else f"ids up to {MAX_TOKEN_ID}")
+            raise fail(f"{what} holds token id {shown(token)}, outside the vocabulary ({bound})")
+        checked.append(token)
     return checked
 
 
-def token_id(token: int, vocab_size: int | None, what: str) -> int:
+def token_id(token: object, vocab_size: int | None, what: str) -> int:
     """One id, inside the vocabulary."""
     return token_ids([token], vocab_size, what)[0]
 
 
+def tokens(value: object, what: str, *, least: int = 0) -> int:
+    """A count of tokens (a context length, cached tokens): a whole number from `least` to MAX_TOKENS."""
+    number = _whole(value)
+    if number is None or not least <= number <= MAX_TOKENS:
+        raise fail(f"{what} is {shown(value)}, not a number of tokens")
+    return number
+
+
 def logprob(value: object, what: str) -> float:
     """A log-prob from the wire: a finite number of at most 0 (a probability in [0, 1])."""
-    number = float(value)  # type: ignore[arg-type]  # TypeError/ValueError: the caller's "malformed" error
+    if isinstance(value, bool):
+        raise fail(f"{what} holds a log-prob of {shown(value)}, not a number")
+    try:
+        number = float(value)  # type: ignore[arg-type]  # TypeError/ValueError: the caller's "malformed" error
+    except OverflowError:  # an int no float holds
+        raise fail(f"{what} holds a log-prob of {shown(value)}, not a finite number") from None
     if not math.isfinite(number):
         raise fail(f"{what} holds a log-prob of {number}, not a finite number")
     if number > MAX_LOGPROB:

@@ -1,11 +1,10 @@
 """The `sglang` protocol: SGLang's native /generate, which our verifier speaks too.
 
-One request per round: `input_ids = context + drafts`, `logprob_start_len = L - 1`, temperature 0
-(raw log-probs: tempering is ours), `max_new_tokens: 1` (the bonus position). Current SGLang answers
-K + 1 input entries, a null one for the last context token first; an older code path put the null
-entry only at start 0 and answers K. The token ids tell which (managers/scheduler_components/
-logprob_result_processor.py and its predecessors). Prompts come from the server's tokenize and chat
-template, the context length from /v1/models (sglang_probe.py).
+One request per round: `input_ids = context + drafts`, `logprob_start_len = L - 1`, temperature 0 (raw log-probs:
+tempering is ours), `max_new_tokens: 1` (the bonus position). Current SGLang answers K + 1 input entries, a null one
+for the last context token first; an older code path put the null entry only at start 0 and answers K. The token ids
+tell which (managers/scheduler_components/logprob_result_processor.py and its predecessors). Prompts come from the
+server's tokenize and chat template, the context length from /v1/models (sglang_probe.py).
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ def _top(entries: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
     """Parse [[logprob, id, text], ...] into id and logprob arrays."""
     if not isinstance(entries, list) or not entries:
         raise UpstreamUnavailableError("upstream returned no top logprobs")
-    ids = np.array([int(e[1]) for e in entries], dtype=np.int64)
+    ids = np.array(checks.token_ids([e[1] for e in entries], None, what), dtype=np.int64)
     logprobs = np.array([checks.logprob(e[0], what) for e in entries], dtype=np.float64)
     return ids, logprobs
 
@@ -67,9 +66,9 @@ def parse_verification(answer: Any, draft_tokens: Sequence[int], last_context_to
                                    last_context_token)
         positions = []
         for index, (token, entry, top) in enumerate(zip(draft_tokens, actual, tops, strict=True)):
-            if int(entry[1]) != token:
-                raise UpstreamUnavailableError("upstream scored a different token than the draft")
             what = f"draft position {index + 1}"
+            if checks.token_id(entry[1], None, what) != token:
+                raise UpstreamUnavailableError("upstream scored a different token than the draft")
             ids, logprobs = _top(top, what)
             scored = (token, checks.logprob(entry[0], what))
             checks.top_position(ids, logprobs, width=width, vocab_size=vocab_size, what=what, scored=scored)
@@ -80,8 +79,8 @@ def parse_verification(answer: Any, draft_tokens: Sequence[int], last_context_to
         positions.append(PositionLogprobs(None, None, ids, logprobs))
         checks.count(answer["output_ids"], 1, "the answer", "output ids")
         bonus = checks.token_id(answer["output_ids"][0], vocab_size, "the bonus token")
-        return Verification(tuple(positions), bonus, int(meta.get("cached_tokens", 0)))
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        return Verification(tuple(positions), bonus, checks.tokens(meta.get("cached_tokens", 0), "cached_tokens"))
+    except checks.MALFORMED as exc:
         raise UpstreamUnavailableError(f"upstream sent a malformed verification answer ({type(exc).__name__})") from exc
 
 
@@ -93,11 +92,11 @@ def parse_support(answer: Any, draft_tokens: Sequence[int], support_ids: list[li
         extension = answer["meta_info"]["draft_support"]
         checks.count(answer["output_ids"], 1, "the answer", "output ids")
         bonus = checks.token_id(answer["output_ids"][0], vocab_size, "the bonus token")
-        k = len(draft_tokens)
         target = [np.asarray(row, dtype=np.float64) for row in extension["target_probs"]]
         outside_mass = [*map(float, extension["outside_mass"]), 1.0]  # the bonus row: all "outside"
-        outside_tokens = [-1 if t is None else int(t) for t in extension["outside_tokens"]] + [bonus]
-        if not len(target) == len(outside_mass) - 1 == len(outside_tokens) - 1 == k:
+        outside_tokens = [-1 if t is None else checks.token_id(t, None, "draft_support")
+                          for t in extension["outside_tokens"]] + [bonus]
+        if not len(target) == len(outside_mass) - 1 == len(outside_tokens) - 1 == len(draft_tokens):
             raise ValueError("draft_support has the wrong length")
         for position, ids in enumerate(support_ids):
             _check_support_row(position, ids, target[position], outside_mass[position], outside_tokens[position],
@@ -105,8 +104,9 @@ def parse_support(answer: Any, draft_tokens: Sequence[int], support_ids: list[li
         draft = [draft_probs[position, ids] for position, ids in enumerate(support_ids)]
         return KnownSupport.from_rows([*support_ids, []], [*target, []], draft, np.array(outside_mass),
                                       np.array(outside_tokens))
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise UpstreamUnavailableError(f"upstream sent a malformed draft_support answer ({type(exc).__name__})") from exc
+    except checks.MALFORMED as exc:
+        raise UpstreamUnavailableError(
+            f"upstream sent a malformed draft_support answer ({type(exc).__name__})") from exc
 
 
 def _check_support_row(position: int, ids: list[int], target: np.ndarray, outside_mass: float, outside_token: int,
@@ -145,10 +145,10 @@ class SGLangTarget:
 
     @property
     def order(self) -> SamplerOrder:
-        """How the server turns logits into its sampling distribution."""
-        # Our verifier samples like llama.cpp (proxy/verifier/generate.py); SGLang filters jointly
-        # after temperature (python/sglang/srt/layers/sampler.py).
-        return SamplerOrder.TRUNCATE_THEN_TEMPERATURE if self.exact_support else SamplerOrder.TEMPERATURE_THEN_JOINT_TRUNCATE
+        """How the server turns logits into its sampling distribution: our verifier as llama.cpp does
+        (proxy/verifier/generate.py), SGLang filtering jointly after temperature (srt/layers/sampler.py)."""
+        return (SamplerOrder.TRUNCATE_THEN_TEMPERATURE if self.exact_support
+                else SamplerOrder.TEMPERATURE_THEN_JOINT_TRUNCATE)
 
     async def probe(self) -> SGLangInfo:
         """Learn paths, context length, chat templating, seeds and the draft-support extension."""
@@ -257,7 +257,7 @@ class SGLangTarget:
             for index, (token, entry, top) in enumerate(zip(tokens, meta["output_token_logprobs"],
                                                             meta["output_top_logprobs"], strict=True)):
                 what = f"plain token {index + 1}"
-                if int(entry[1]) != token:
+                if checks.token_id(entry[1], None, what) != token:
                     raise checks.fail(f"{what}'s log-prob is for another token")
                 ids, logprobs = _top(top, what)
                 scored = (token, checks.logprob(entry[0], what))
@@ -265,20 +265,21 @@ class SGLangTarget:
                                     vocab_size=self.vocab_size, what=what, scored=scored)
                 positions.append(PositionLogprobs(token, scored[1], ids, logprobs))
             return tokens, tuple(positions)
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
+        except checks.MALFORMED as exc:
             raise UpstreamUnavailableError(f"upstream sent malformed log-probs ({type(exc).__name__})") from exc
 
     def _plain_tokens(self, answer: Any, max_new_tokens: int) -> list[int]:
         try:
             tokens = checks.token_ids(answer["output_ids"], self.vocab_size, "a plain /generate answer")
-        except (KeyError, TypeError, ValueError) as exc:
+        except checks.MALFORMED as exc:
             raise UpstreamUnavailableError("upstream sent a malformed /generate answer") from exc
         if len(tokens) > max_new_tokens:
             raise checks.fail(f"a plain /generate answer has {len(tokens)} tokens where at most {max_new_tokens} "
                               "were asked for")
         return tokens
 
-    async def prompt_ids(self, body: dict, kind: str, client_headers: dict[str, str] | None = None) -> tuple[list[int], int]:
+    async def prompt_ids(self, body: dict, kind: str,
+                         client_headers: dict[str, str] | None = None) -> tuple[list[int], int]:
         """Prompt ids from the server's tokenize (its own chat template), and its context length."""
         info = self.info or await self.probe()
         if info.context_length is None:

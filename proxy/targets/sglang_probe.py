@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.errors import UpstreamError, UpstreamUnavailableError
+from proxy.targets import checks
 from proxy.targets.upstream import Upstream, UpstreamStatusError
 
 TOKENIZE_PATHS = ("/v1/tokenize", "/tokenize")
@@ -80,8 +81,8 @@ async def tokens(upstream: Upstream, path: str, body: dict[str, Any],
     """The ids a tokenize endpoint answers for one prompt or conversation."""
     answer = await upstream.post_json(path, body, client_headers=client_headers)
     try:
-        return [int(t) for t in answer["tokens"]]
-    except (KeyError, TypeError, ValueError) as exc:
+        return checks.token_ids(answer["tokens"], None, f"the {path} answer")
+    except checks.MALFORMED as exc:
         raise UpstreamUnavailableError(f"upstream sent a malformed {path} answer") from exc
 
 
@@ -146,7 +147,7 @@ async def _chat_prompts(upstream: Upstream, path: str, served: str | None) -> Ch
         prompt_ids, prompt_tokens = choice.get("prompt_token_ids"), int(answer["usage"]["prompt_tokens"])
     except UpstreamError as exc:  # refused, or failed: either way it cannot vouch for the ids
         return ChatPrompts(f"the chat endpoint did not answer a probe conversation ({exc.message})", header)
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+    except checks.MALFORMED:
         return ChatPrompts("the chat endpoint answered a probe conversation in an unknown shape", header)
     if isinstance(prompt_ids, list):
         if prompt_ids != templated:
@@ -215,6 +216,7 @@ async def ending_token(upstream: Upstream, path: str) -> int | None:
     except UpstreamStatusError:
         return None  # no chat tokenization or generation here: nothing is expected to end
     finish = (answer.get("meta_info") or {}).get("finish_reason") if isinstance(answer, dict) else None
-    if isinstance(finish, dict) and finish.get("type") == "stop" and isinstance(finish.get("matched"), int):
-        return int(finish["matched"])
+    matched = finish.get("matched") if isinstance(finish, dict) and finish.get("type") == "stop" else None
+    if isinstance(matched, int) and not isinstance(matched, bool) and 0 <= matched <= checks.MAX_TOKEN_ID:
+        return matched
     return None

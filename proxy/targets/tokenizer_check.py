@@ -60,7 +60,8 @@ async def check_tokenizer(draft: Vocabulary, upstream: Upstream) -> TokenizerVer
     ending, end = "EOS id compared" if isinstance(eos, int) else "EOS not named by the server", None
     if info and not isinstance(eos, int):  # an SGLang server: let a generation show how it ends
         end = await ending_token(upstream, path)
-        if end is not None and not draft.is_end_of_generation(end):
+        # Past the draft's vocabulary, llama.cpp's lookup would throw through ctypes and abort the process.
+        if end is not None and not (end < draft.n_vocab and draft.is_end_of_generation(end)):
             return TokenizerVerdict(False, f"the target ends generations with id {end}, which does not end the "
                                            "draft's")
         ending = f"generations end with id {end}, an end for the draft too" if end is not None else \

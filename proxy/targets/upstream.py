@@ -3,6 +3,8 @@
 A request goes through phases, each with its own limit and its own message when it runs out:
 waiting for a free connection of the pool (`pool`), connecting (`connect`), the answer's head
 (`first_byte`, counted from when a connection was had), then silence between body bytes (`idle`).
+An answer the proxy reads whole (its own JSON calls) is also capped in size (`max_answer_bytes`) and
+in time, head and body together (`total`): a trickle never silent for `idle` still ends.
 """
 
 from __future__ import annotations
@@ -13,12 +15,20 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import aiohttp
 import structlog
+from yarl import URL
 
 from proxy.engine.gate import TARGET, CoreGate
-from proxy.errors import UpstreamBusyError, UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
+from proxy.errors import (
+    BadRequestError,
+    UpstreamBusyError,
+    UpstreamError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+)
 
 log = structlog.get_logger("speculoos.upstream")
 
@@ -26,16 +36,23 @@ DEFAULT_CONNECTIONS = 100
 # Idle pooled connections are closed after this long: under the 5 s keep-alive of uvicorn (vLLM, SGLang),
 # so the proxy drops a connection before the server does and a request rarely meets one being closed.
 KEEPALIVE_S = 4.0
+# An answer the proxy reads whole (scoring, tokenizing, probing) is at most this large: the largest real ones, top-N
+# log-probs over a long prompt, are a few MiB. Meant to become the route's upstream.max_answer_bytes.
+MAX_ANSWER_BYTES = 64 << 20
+# Such a call, head and body, ends within this: far past any scoring round. Meant to become the route's timeouts.total.
+MAX_CALL_S = 600.0
 
 
 @dataclass(frozen=True)
 class Timeouts:
-    """Seconds: to connect, to the first response byte, of silence between body bytes, and for a free connection."""
+    """Seconds: to connect, to the first response byte, of silence between body bytes, for a free connection, and
+    for the whole of a call whose answer the proxy reads whole."""
 
     connect: float = 5.0
     first_byte: float = 120.0
     idle: float = 60.0
     pool: float = 30.0
+    total: float = MAX_CALL_S
 
 
 class _Attempt:
@@ -92,22 +109,42 @@ class UpstreamStatusError(UpstreamError):
 def _error_message(status: int, text: str) -> str:
     try:
         body = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, a number too long, nesting too deep
         return f"upstream returned HTTP {status}: {text[:200]}"
     error = body.get("error", body) if isinstance(body, dict) else body
     message = error.get("message") if isinstance(error, dict) else None
     return f"upstream: {message}" if message else f"upstream returned HTTP {status}: {text[:200]}"
 
 
+def has_dot_segment(raw_path: str) -> bool:
+    """Whether a raw path holds a `.` or `..` segment, percent-encoded or not (an encoded `/` splits too)."""
+    return any(segment in (".", "..") for segment in unquote(raw_path).replace("\\", "/").split("/"))
+
+
+def join_url(base: URL, path_qs: str) -> URL:
+    """`base` with an encoded path (and query) appended as it is: the base path is always kept.
+
+    Joined as strings, yarl would resolve `..` (and `%2e%2e`) and climb out of the base path, so a
+    path with such a segment is refused, and the URL is built from encoded parts that nothing resolves.
+    """
+    path, _, query = path_qs.partition("?")
+    if not path.startswith("/") or has_dot_segment(path):
+        raise BadRequestError("the request path must be absolute, without '.' or '..' segments")
+    return URL.build(scheme=base.scheme, authority=base.raw_authority, path=base.raw_path.rstrip("/") + path,
+                     query_string=query, encoded=True)
+
+
 class Upstream:
     """A base URL, its credentials and one aiohttp ClientSession with a pool of `connections`."""
 
     def __init__(self, base_url: str, timeouts: Timeouts, *, api_key: str | None = None,
-                 connections: int = DEFAULT_CONNECTIONS, gate: CoreGate | None = None) -> None:
-        self.base_url = base_url.rstrip("/")
+                 connections: int = DEFAULT_CONNECTIONS, gate: CoreGate | None = None,
+                 max_answer_bytes: int = MAX_ANSWER_BYTES) -> None:
+        self.base_url = URL(base_url.rstrip("/"))
         self.gate = gate  # the proxy's own calls take turns with its draft model on shared cores
         self.timeouts = timeouts
         self.connections = connections
+        self.max_answer_bytes = max_answer_bytes
         self._api_key = api_key
         # total=None: a long stream is healthy while bytes flow; silence is what times out (read_body and
         # iter_body: aiohttp's sock_read would also cut the wait for the head at `idle`). The pool's wait and
@@ -147,7 +184,7 @@ class Upstream:
         try:
             async with asyncio.timeout(self.timeouts.first_byte) as deadline:
                 attempt.deadline = deadline
-                return await self.session.request(method, self.base_url + path, headers=headers, data=data,
+                return await self.session.request(method, join_url(self.base_url, path), headers=headers, data=data,
                                                   params=params, allow_redirects=False, trace_request_ctx=attempt)
         except aiohttp.ConnectionTimeoutError as exc:
             raise UpstreamTimeoutError(f"upstream did not accept a connection within {self.timeouts.connect:g} s "
@@ -176,30 +213,48 @@ class Upstream:
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity",
                    **self.auth_headers(client_headers)}
         async with self.gate.turn(TARGET) if self.gate is not None else contextlib.nullcontext():
-            response = await self.open(method, path, headers=headers, data=data, idempotent=True)
-            async with response:
-                text = await read_body(response, self.timeouts.idle)
+            try:
+                async with asyncio.timeout(self.timeouts.total):
+                    response = await self.open(method, path, headers=headers, data=data, idempotent=True)
+                    async with response:
+                        text = await read_body(response, self.timeouts.idle, limit=self.max_answer_bytes, path=path)
+            except TimeoutError as exc:  # each phase's own timeout is translated inside: this one is the whole call's
+                raise UpstreamTimeoutError(f"upstream did not finish answering {path} within "
+                                           f"{self.timeouts.total:g} s") from exc
         if response.status != 200:
             raise UpstreamStatusError(response.status, _error_message(response.status, text.decode(errors="replace")))
         try:
             return json.loads(text)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise UpstreamUnavailableError(f"upstream sent invalid JSON for {path}") from exc
+        except ValueError as exc:  # an int of more digits than Python converts (sys.get_int_max_str_digits)
+            raise UpstreamUnavailableError(f"upstream sent invalid JSON for {path} (a number too long to read)") \
+                from exc
+        except RecursionError as exc:
+            raise UpstreamUnavailableError(f"upstream sent JSON nested too deeply for {path}") from exc
 
     async def close(self) -> None:
         """Close the pooled connections."""
         await self.session.close()
 
 
-async def read_body(response: aiohttp.ClientResponse, idle: float) -> bytes:
-    """The whole body, silent at most `idle` seconds at a time, with timeouts and disconnects translated."""
-    parts = []
+async def read_body(response: aiohttp.ClientResponse, idle: float, *, limit: int, path: str) -> bytes:
+    """The whole body, silent at most `idle` seconds at a time and at most `limit` bytes, with timeouts and
+    disconnects translated (`path` names the call in messages)."""
+    if response.content_length is not None and response.content_length > limit:
+        raise UpstreamUnavailableError(f"upstream answered {path} with {response.content_length} bytes, more than "
+                                       f"the {limit} the proxy reads")
+    parts, size = [], 0
     try:
         while True:
             async with asyncio.timeout(idle):
                 part = await response.content.readany()
             if not part:
                 return b"".join(parts)
+            size += len(part)
+            if size > limit:
+                raise UpstreamUnavailableError(f"upstream answered {path} with more than the {limit} bytes the proxy "
+                                               "reads")
             parts.append(part)
     except TimeoutError as exc:
         raise UpstreamTimeoutError("upstream went silent while sending its answer") from exc

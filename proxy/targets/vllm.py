@@ -94,20 +94,21 @@ def parse_verification(answer: Any, context_len: int, draft_tokens: Sequence[int
             if str(token) not in entry:
                 raise UpstreamUnavailableError("upstream did not score the draft token")
             what = f"draft position {index + 1}"
-            pairs = [(int(key), _logprob(value["logprob"], what)) for key, value in entry.items()]
+            pairs = [(checks.token_id(key, vocab_size, what), _logprob(value["logprob"], what))
+                     for key, value in entry.items()]
             ids, logprobs = _position(pairs, top_n, token, vocab_size, what)
             positions.append(PositionLogprobs(token, dict(pairs)[token], ids, logprobs))
         checks.count(choice["token_ids"], 1, "the answer", "output ids")
         bonus = checks.token_id(choice["token_ids"][0], vocab_size, "the bonus token")
         checks.count(choice["logprobs"]["top_logprobs"], 1, "the bonus position", "rows")
         top = choice["logprobs"]["top_logprobs"][0]
-        pairs = [(int(key.removeprefix(TOKEN_ID_PREFIX)), _logprob(value, "the bonus position"))
-                 for key, value in top.items()]
+        pairs = [(checks.token_id(key.removeprefix(TOKEN_ID_PREFIX), vocab_size, "the bonus position"),
+                  _logprob(value, "the bonus position")) for key, value in top.items()]
         ids, logprobs = _position(pairs, top_n, bonus, vocab_size, "the bonus position")
         positions.append(PositionLogprobs(None, None, ids, logprobs))
         details = (answer.get("usage") or {}).get("prompt_tokens_details") or {}
-        return Verification(tuple(positions), bonus, int(details.get("cached_tokens") or 0))
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        return Verification(tuple(positions), bonus, checks.tokens(details.get("cached_tokens") or 0, "cached_tokens"))
+    except checks.MALFORMED as exc:
         raise UpstreamUnavailableError(f"upstream sent a malformed verification answer ({type(exc).__name__})") from exc
 
 
@@ -134,9 +135,9 @@ class VLLMTarget:
         try:
             card = answer["data"][0]
             self.model = self.model or str(card["id"])
-            self._max_model_len = int(card["max_model_len"])
+            self._max_model_len = checks.tokens(card["max_model_len"], "/v1/models' context length", least=1)
             return card
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
+        except checks.MALFORMED as exc:
             raise UpstreamUnavailableError("upstream sent a malformed /v1/models answer") from exc
 
     async def served_model(self) -> str:
@@ -153,7 +154,7 @@ class VLLMTarget:
 
     async def probe(self) -> VLLMInfo:
         """Version, model, context size and the --max-logprobs cap (from the error a huge request gets)."""
-        card = await self._model_card()
+        await self._model_card()
         version = await self.upstream.get_json("/version")
         body = {"model": await self.served_model(), "prompt": [0], "max_tokens": 1, "prompt_logprobs": OVER_ANY_CAP}
         try:
@@ -162,8 +163,8 @@ class VLLMTarget:
         except UpstreamStatusError as exc:
             max_logprobs = parse_max_logprobs(exc.message)
         try:
-            return VLLMInfo(str(version["version"]), str(self.model), int(card["max_model_len"]), max_logprobs)
-        except (KeyError, TypeError, ValueError) as exc:
+            return VLLMInfo(str(version["version"]), str(self.model), await self.context_size(), max_logprobs)
+        except checks.MALFORMED as exc:
             raise UpstreamUnavailableError("upstream sent a malformed /version answer") from exc
 
     def exactness_problem(self, params: SamplingParams, top_n: int) -> str | None:
@@ -225,13 +226,14 @@ class VLLMTarget:
             positions = []
             for index, (token, top) in enumerate(zip(tokens, logprobs["top_logprobs"], strict=True)):
                 what = f"plain token {index + 1}"
-                pairs = [(int(key.removeprefix(TOKEN_ID_PREFIX)), _logprob(value, what)) for key, value in top.items()]
+                pairs = [(checks.token_id(key.removeprefix(TOKEN_ID_PREFIX), self.vocab_size, what),
+                          _logprob(value, what)) for key, value in top.items()]
                 ids, values = _position(pairs, top_n, token, self.vocab_size, what)
                 if token not in dict(pairs):
                     raise checks.fail(f"{what} has no log-prob for the sampled token")
                 positions.append(PositionLogprobs(token, dict(pairs)[token], ids, values))
             return tokens, tuple(positions)
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        except checks.MALFORMED as exc:
             raise UpstreamUnavailableError(f"upstream sent malformed log-probs ({type(exc).__name__})") from exc
 
     async def _generate(self, context: list[int], max_new_tokens: int, params: SamplingParams, seed: int,
@@ -254,14 +256,15 @@ class VLLMTarget:
     def _plain_tokens(self, answer: Any, max_new_tokens: int) -> list[int]:
         try:
             tokens = checks.token_ids(answer["choices"][0]["token_ids"], self.vocab_size, "a plain completion")
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
+        except checks.MALFORMED as exc:
             raise UpstreamUnavailableError("upstream sent a malformed /v1/completions answer") from exc
         if len(tokens) > max_new_tokens:
             raise checks.fail(f"a plain completion has {len(tokens)} tokens where at most {max_new_tokens} were "
                               "asked for")
         return tokens
 
-    async def prompt_ids(self, body: dict, kind: str, client_headers: dict[str, str] | None = None) -> tuple[list[int], int]:
+    async def prompt_ids(self, body: dict, kind: str,
+                         client_headers: dict[str, str] | None = None) -> tuple[list[int], int]:
         """Prompt ids from the server's /tokenize (its own chat template), and its context size."""
         if kind == CHAT:
             request = {"messages": body["messages"], "add_generation_prompt": True, "add_special_tokens": False,
@@ -274,6 +277,6 @@ class VLLMTarget:
         answer = await self.upstream.post_json("/tokenize", request, client_headers=client_headers)
         try:
             return (checks.token_ids(answer["tokens"], self.vocab_size, "the prompt's tokenization"),
-                    int(answer["max_model_len"]))
-        except (KeyError, TypeError, ValueError) as exc:
+                    checks.tokens(answer["max_model_len"], "/tokenize's context length", least=1))
+        except checks.MALFORMED as exc:
             raise UpstreamUnavailableError("upstream sent a malformed /tokenize answer") from exc

@@ -8,12 +8,14 @@ Tokenize at `/v1/tokenize` and `/tokenize` (`{tokens, count, max_model_len}`), d
 
 from __future__ import annotations
 
+import asyncio
 import time
 from importlib import metadata
 from typing import Any
 
 from aiohttp import web
 
+from proxy.engine.vocabulary import LlamaVocabulary
 from proxy.errors import BadRequestError
 from proxy.verifier.model import VerifierModel
 from proxy.wire.request import read_json
@@ -41,40 +43,47 @@ async def tokenize(request: web.Request) -> web.Response:
     model = request.app[MODEL]
     if not isinstance(body, dict) or ("prompt" in body) == ("messages" in body):
         raise BadRequestError("Exactly one of 'prompt' or 'messages' must be provided.", param="prompt")
-    vocabulary, prompt = model.vocabulary, body.get("prompt")
-    tokens: list[int] | list[list[int]]
+    tokens, count = await asyncio.to_thread(_tokens, model.vocabulary, body)  # seconds for a long prompt
+    return web.json_response({"tokens": tokens, "count": count, "max_model_len": model.engine.n_ctx})
+
+
+def _tokens(vocabulary: LlamaVocabulary, body: dict[str, Any]) -> tuple[list[int] | list[list[int]], int | list[int]]:
+    """A tokenize body's ids and their count (blocking)."""
+    prompt = body.get("prompt")
     if "messages" in body:
         messages = body["messages"]
         if not isinstance(messages, list) or not messages:
             raise BadRequestError("'messages' must be a non-empty list", param="messages")
         # Omitted, the generation prompt is added, as SGLang renders a conversation for its chat endpoint.
         add_generation_prompt = body.get("add_generation_prompt") is not False
-        tokens = vocabulary.chat_prompt_ids(template_messages(messages), add_generation_prompt=add_generation_prompt,
-                                            tools=request_tools(body))
-        count: int | list[int] = len(tokens)
-    elif isinstance(prompt, str):
-        tokens = vocabulary.tokenize(prompt, add_special=bool(body.get("add_special_tokens", True)))
-        count = len(tokens)
-    elif isinstance(prompt, list) and all(isinstance(text, str) for text in prompt):
-        add_special = bool(body.get("add_special_tokens", True))
-        tokens = [vocabulary.tokenize(text, add_special=add_special) for text in prompt]
-        count = [len(row) for row in tokens]
-    else:
-        raise BadRequestError("'prompt' must be a string or a list of strings", param="prompt")
-    return web.json_response({"tokens": tokens, "count": count, "max_model_len": model.engine.n_ctx})
+        ids = vocabulary.chat_prompt_ids(template_messages(messages), add_generation_prompt=add_generation_prompt,
+                                         tools=request_tools(body))
+        return ids, len(ids)
+    add_special = bool(body.get("add_special_tokens", True))
+    if isinstance(prompt, str):
+        ids = vocabulary.tokenize(prompt, add_special=add_special)
+        return ids, len(ids)
+    if isinstance(prompt, list) and all(isinstance(text, str) for text in prompt):
+        rows = [vocabulary.tokenize(text, add_special=add_special) for text in prompt]
+        return rows, [len(row) for row in rows]
+    raise BadRequestError("'prompt' must be a string or a list of strings", param="prompt")
 
 
 async def detokenize(request: web.Request) -> web.Response:
     """SGLang's /v1/detokenize: token ids (or lists of them) to text; special tokens render as nothing."""
     body = await read_json(request)
     tokens = body.get("tokens") if isinstance(body, dict) else None
-    engine = request.app[MODEL].engine
     rows = tokens if isinstance(tokens, list) and tokens and isinstance(tokens[0], list) else [tokens]
-    if not all(_is_ids(row) and all(0 <= t < engine.n_vocab for t in row) for row in rows):
+    texts = await asyncio.to_thread(_texts, request.app[MODEL].vocabulary, rows)  # a call per token
+    return web.json_response({"text": texts if rows is tokens else texts[0]})
+
+
+def _texts(vocabulary: LlamaVocabulary, rows: list[Any]) -> list[str]:
+    """Each row of ids as text (blocking)."""
+    if not all(_is_ids(row) and all(0 <= t < vocabulary.n_vocab for t in row) for row in rows):
         raise BadRequestError("'tokens' must be a list of token ids in the vocabulary (or a list of such lists)",
                               param="tokens")
-    texts = [b"".join(engine.vocabulary.token_bytes(t) for t in row).decode("utf-8", errors="replace") for row in rows]
-    return web.json_response({"text": texts if rows is tokens else texts[0]})
+    return [b"".join(vocabulary.token_bytes(t) for t in row).decode("utf-8", errors="replace") for row in rows]
 
 
 async def model_info(request: web.Request) -> web.Response:

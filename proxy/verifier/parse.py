@@ -15,6 +15,10 @@ MAX_TOP_LOGPROBS = 1000
 MAX_SCORED_LOGITS = 1 << 26
 # [logprob, id, null] entries one answer may return: each is a few hundred bytes as Python objects.
 MAX_LOGPROB_ENTRIES = 1_000_000
+# One /generate holds one sequence lease for its whole batch: without caps, thousands of sequences of thousands
+# of tokens would keep it (and the engine) for hours. The proxy sends one sequence a request.
+DEFAULT_MAX_BATCH = 16
+CONTEXTS_PER_REQUEST = 4  # the default cap on a request's tokens: four full contexts
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,19 @@ class GenerateRequest:
     top_logprobs_num: int
     seed: int | None
     draft_support_ids: list[list[int]] | None = None
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may ask for: sequences in a /generate batch, and their input plus new tokens together."""
+
+    max_batch: int
+    max_tokens: int
+
+    @classmethod
+    def for_context(cls, n_ctx: int) -> RequestLimits:
+        """The defaults for a model served with an `n_ctx`-token context."""
+        return cls(DEFAULT_MAX_BATCH, CONTEXTS_PER_REQUEST * n_ctx)
 
 
 def _int_field(obj: dict, name: str, default: int, low: int) -> int:
@@ -123,8 +140,19 @@ def _parse_support(value: Any, batched: bool) -> list[list[int]] | None:
     return value
 
 
-def check_limits(requests: Sequence[GenerateRequest], n_ctx: int, n_vocab: int) -> None:
-    """Refuse, before any work, what does not fit the context or would exceed this verifier's memory caps."""
+def check_limits(requests: Sequence[GenerateRequest], n_ctx: int, n_vocab: int,
+                 limits: RequestLimits | None = None) -> None:
+    """Refuse, before any work, what does not fit the context or would exceed this verifier's caps (`limits`:
+    RequestLimits.for_context by default)."""
+    limits = limits or RequestLimits.for_context(n_ctx)
+    if len(requests) > limits.max_batch:
+        raise BadRequestError(f"'input_ids' holds {len(requests)} sequences; this verifier takes at most "
+                              f"{limits.max_batch} per request (--max-batch)", param="input_ids")
+    tokens = sum(len(req.input_ids) + req.max_new_tokens for req in requests)
+    if tokens > limits.max_tokens:
+        raise BadRequestError(f"{len(requests)} sequences of input and 'max_new_tokens' make {tokens} tokens; this "
+                              f"verifier takes at most {limits.max_tokens} per request (--max-request-tokens)",
+                              param="max_new_tokens")
     entries = 0
     for req in requests:
         if len(req.input_ids) + req.max_new_tokens > n_ctx:

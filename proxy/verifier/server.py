@@ -5,14 +5,16 @@ verify drafts against a GGUF target, SGLang's tokenizer and description endpoint
 plain OpenAI generation so the proxy can pass requests through to it. One model, several
 KV-cached sequences: each request in flight keeps its own prefix.
 
-It defends itself: served with handler cancellation (`run_verifier`), a request whose client
-leaves stops between two engine steps and frees its sequence; a bounded queue waits for sequences
-(503 with Retry-After beyond it); `/generate` refuses up front what exceeds the context or the
-memory caps of `parse.check_limits`.
+It defends itself: browsers of other sites, a missing key and bodies that are not JSON are refused
+(access.py); served with handler cancellation (`run_verifier`), a request whose client leaves
+stops between two engine steps and frees its sequence; a bounded queue waits for sequences (503
+with Retry-After beyond it); `/generate` refuses up front what exceeds the context, the memory
+caps or the batch and token caps of `parse.check_limits`; tokenizing runs off the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 import numpy as np
@@ -23,10 +25,12 @@ from proxy.engine.vocabulary import LlamaVocabulary
 from proxy.errors import BadRequestError
 from proxy.sampling.processors import SamplingParams
 from proxy.verifier import info
+from proxy.verifier.access import API_KEY, LISTENER, access_guard
 from proxy.verifier.generate import pick_token, run_generate
 from proxy.verifier.info import MODEL, MODEL_NAME
 from proxy.verifier.model import VerifierModel
-from proxy.verifier.parse import check_limits, parse_generate
+from proxy.verifier.parse import RequestLimits, check_limits, parse_generate
+from proxy.wire.browsers import Bound
 from proxy.wire.emit import write_generation
 from proxy.wire.errors import error_middleware
 from proxy.wire.fields import RESPONSE_EXTRAS
@@ -36,13 +40,15 @@ from proxy.wire.tools import ToolCallStream, parses_tool_calls, request_tools, t
 
 UNSUPPORTED_HERE = "the speculoos verifier does not support {fields}; send them to a full server"
 TEMPLATED_HERE = frozenset({"tools"})  # rendered by the chat template; calls read from the output (wire/tools.py)
+LIMITS = web.AppKey("limits", RequestLimits)
+LOOPBACK = Bound("127.0.0.1")  # the default bind (cli.py)
 
 
 async def generate(request: web.Request) -> web.Response:
     """SGLang-native /generate."""
     requests, batched = parse_generate(await read_json(request))
     model = request.app[MODEL]
-    check_limits(requests, model.engine.n_ctx, model.engine.n_vocab)
+    check_limits(requests, model.engine.n_ctx, model.engine.n_vocab, request.app[LIMITS])
     async with model.sequence(requests[0].input_ids) as seq:  # a batch's sequences take turns in one
         answers = [await run_generate(model.evaluate, model.vocabulary, seq, req, np.random.default_rng(req.seed))
                    for req in requests]
@@ -58,6 +64,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 def _prompt_ids(vocabulary: LlamaVocabulary, parsed: GenerationRequest) -> list[int]:
+    """The prompt's ids (blocking: seconds for a long prompt, so called off the event loop)."""
     if parsed.kind == CHAT:
         return vocabulary.chat_prompt_ids(template_messages(parsed.messages or []), tools=request_tools(parsed.body))
     if isinstance(parsed.prompt, list):
@@ -88,7 +95,7 @@ async def _openai_generation(request: web.Request, kind: str) -> web.StreamRespo
         raise BadRequestError(UNSUPPORTED_HERE.format(fields=", ".join(refused)))
     model = request.app[MODEL]
     vocabulary = model.vocabulary
-    prompt_ids = _prompt_ids(vocabulary, parsed)
+    prompt_ids = await asyncio.to_thread(_prompt_ids, vocabulary, parsed)
     max_tokens = parsed.max_tokens_within(len(prompt_ids), model.engine.n_ctx)
     stream = TextStream(vocabulary.token_bytes, vocabulary.is_end_of_generation, stop=parsed.stop,
                         max_tokens=max_tokens)
@@ -109,11 +116,20 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _openai_generation(request, COMPLETION)
 
 
-def create_verifier_app(model: VerifierModel, model_name: str, *, max_body_bytes: int = 64 << 20) -> web.Application:
-    """The verifier's aiohttp application around an already loaded model."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=max_body_bytes)
+def create_verifier_app(model: VerifierModel, model_name: str, *, max_body_bytes: int = 64 << 20,
+                        listener: Bound = LOOPBACK, api_key: str | None = None,
+                        limits: RequestLimits | None = None) -> web.Application:
+    """The verifier's aiohttp application around an already loaded model, its browser rules judging Host headers by
+    `listener` (the address bound), asking for `api_key` when given, capping requests by `limits` (default: for its
+    context)."""
+    # The guard inside the error middleware: its refusals are rendered like every other error.
+    app = web.Application(middlewares=[error_middleware, access_guard], client_max_size=max_body_bytes)
     app[MODEL] = model
     app[MODEL_NAME] = model_name
+    app[LISTENER] = listener
+    app[LIMITS] = limits or RequestLimits.for_context(model.engine.n_ctx)
+    if api_key is not None:
+        app[API_KEY] = api_key
 
     async def close_model(app: web.Application) -> None:
         app[MODEL].close()
@@ -128,10 +144,12 @@ def create_verifier_app(model: VerifierModel, model_name: str, *, max_body_bytes
 
 
 def load_verifier_app(options: EngineOptions, *, model_name: str | None = None, shared_decode: bool = False,
-                      max_waiting: int | None = None) -> web.Application:
-    """Load the GGUF and build the app."""
+                      max_waiting: int | None = None, listener: Bound = LOOPBACK, api_key: str | None = None,
+                      limits: RequestLimits | None = None) -> web.Application:
+    """Load the GGUF and build the app (the rest: see create_verifier_app)."""
     model = VerifierModel(LlamaEngine(options), shared_decode=shared_decode, max_waiting=max_waiting)
-    return create_verifier_app(model, model_name or options.model_path.stem)
+    return create_verifier_app(model, model_name or options.model_path.stem, listener=listener, api_key=api_key,
+                               limits=limits)
 
 
 def run_verifier(app: web.Application, host: str, port: int) -> None:

@@ -1,9 +1,10 @@
-"""What the proxy passes on, end to end: keys (never logged), headers, model names, other paths, /v1/models."""
+"""What the proxy passes on, end to end: keys (never logged), headers, model names, info paths (and no other),
+/v1/models."""
 
 # The `faults` proxy (conftest.py) has one route per situation, picked by the request's model name: `keyed` and
 # `keyed-spec` send a route key upstream, `gemma` drafts with another vocabulary than its SmolLM2 verifier's,
 # `public-name` renames the model upstream; most relay through the faulty upstream (`fake`, see
-# tests.fakes.faulty_upstream), which records every request it gets. Other paths, and /v1/models through a
+# tests.fakes.faulty_upstream), which records every request it gets. Info paths, and /v1/models through a
 # catch-all route, are checked against the session's plain `smol_proxy`.
 
 from __future__ import annotations
@@ -152,15 +153,14 @@ TRANSPARENT = [
     ("tokenize a bad body", "POST", "/tokenize", {"prompt": 5}),
     ("detokenize", "POST", "/detokenize", {"tokens": [1, 2, 3]}),
     ("model info", "GET", "/get_model_info", None),
-    ("unknown path", "GET", "/no/such/path", None),
-    ("unknown path, POST", "POST", "/v2/whatever", {"x": 1}),
+    ("server info", "GET", "/server_info", None),
     ("wrong method", "DELETE", "/health", None),
     ("head", "HEAD", "/health", None),
 ]
 
 
 @pytest.mark.parametrize("method, path, body", [pytest.param(*case[1:], id=case[0]) for case in TRANSPARENT])
-def test_other_paths_pass_through_untouched(smol_proxy: Process, smol_verifier: Process, method: str, path: str,
+def test_info_paths_pass_through_untouched(smol_proxy: Process, smol_verifier: Process, method: str, path: str,
                                             body: Any) -> None:
     raw = None if body is None else json.dumps(body).encode()
     headers = {} if body is None else {"Content-Type": "application/json"}
@@ -172,6 +172,22 @@ def test_other_paths_pass_through_untouched(smol_proxy: Process, smol_verifier: 
     assert proxied.headers.get("content-length") == direct.headers.get("content-length")
     assert proxied.headers[MODE_HEADER] == "passthrough"
     assert "transfer-encoding" not in proxied.headers or "content-length" not in proxied.headers
+
+
+NOT_FORWARDED = [
+    # (id, method, path): neither the OpenAI API nor SGLang's read-only info paths
+    ("unknown path", "GET", "/no/such/path"),
+    ("unknown path, POST", "POST", "/v2/whatever"),
+    ("a native generation", "POST", "/generate"),
+    ("a state change", "POST", "/flush_cache"),
+]
+
+
+@pytest.mark.parametrize("method, path", [pytest.param(*case[1:], id=case[0]) for case in NOT_FORWARDED])
+def test_other_paths_get_the_proxys_404(smol_proxy: Process, method: str, path: str) -> None:
+    reply = http.request(method, smol_proxy.url + path, b"{}", {"Content-Type": "application/json"}, timeout=60)
+    assert_openai_error(reply, 404, error_type="invalid_request_error", message=f"Invalid URL ({method} {path})")
+    assert MODE_HEADER not in reply.headers
 
 
 # -- /v1/models -------------------------------------------------------------------------------------

@@ -48,6 +48,11 @@ FAULTS = [
     ("short-topn", "input positions"),
     ("broadcast-topn", "top log-probs where 20 were asked for"),
     ("cut", "upstream connection failed"),
+    ("inf-bonus", "the bonus token holds Infinity where a token id belongs"),
+    ("huge-topn", "holds token id 1000000000000000000000000000000, outside the vocabulary"),
+    ("huge-logprobs-topn", "not a finite number"),
+    ("deep", "upstream sent JSON nested too deeply for /generate"),
+    ("longnum", "upstream sent invalid JSON for /generate (a number too long to read)"),
 ]
 
 

@@ -357,3 +357,93 @@ async def test_a_full_queue_answers_503_with_retry_after(one_slot_verifier: Proc
         holder.cancel()  # its client leaves: the waiting request gets the sequence
         assert (await waiter).status == 200
         assert (await short_generate(session, one_slot_verifier)).status == 200
+
+
+# -- who may call it, what it reads, and how much one request may ask for ----------------------------------------
+
+KEY = "sk-verifier-e2e"
+GENERATE_ONE = json.dumps({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}).encode()
+
+
+@pytest.fixture(scope="module")
+def keyed_verifier(model_paths: dict[str, Path], log_dir: Path) -> Iterator[Process]:
+    """A SmolLM2 verifier that asks for a key and answers to one name besides loopback."""
+    process = start_verifier(SMOL, log_dir, options=("--api-key", KEY, "--allowed-host", "Verifier.LAN"))
+    yield process
+    process.stop()
+
+
+@pytest.mark.parametrize("headers", [{"Host": "evil.example:{port}"}, {"Origin": "https://evil.example"},
+                                     {"Origin": "null"}, {"Host": "evil.example", "Origin": "http://evil.example"}],
+                         ids=["a foreign Host", "a cross-site Origin", "a sandboxed page", "a rebound page"])
+def test_browser_requests_from_elsewhere_get_403(smol_verifier: Process, headers: dict[str, str]) -> None:
+    sent = {name: value.format(port=smol_verifier.url.rsplit(":", 1)[1]) for name, value in headers.items()}
+    for method, path, body in [("POST", "/generate", GENERATE_ONE), ("POST", "/tokenize", b'{"prompt": "hi"}'),
+                               ("GET", "/v1/models", None)]:
+        reply = http.request(method, smol_verifier.url + path, body, {"Content-Type": "application/json", **sent},
+                             timeout=30)
+        assert reply.status == 403, (path, reply.body[:200])
+        assert reply.json()["error"]["type"] == "permission_error"
+    own = {"Origin": smol_verifier.url}  # its own origin, as a page it served would send
+    assert http.request("POST", smol_verifier.url + "/generate", GENERATE_ONE,
+                        {"Content-Type": "application/json", **own}, timeout=30).status == 200
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data",
+                                          None])
+def test_post_bodies_must_be_sent_as_json(smol_verifier: Process, content_type: str | None) -> None:
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    for path, body in [("/generate", GENERATE_ONE), ("/tokenize", b'{"prompt": "hi"}'),
+                       ("/v1/completions", b'{"model": "m", "prompt": "hi", "max_tokens": 1}')]:
+        reply = http.request("POST", smol_verifier.url + path, body, headers, timeout=30)
+        assert reply.status == 415, (path, reply.body[:200])
+        assert "application/json" in reply.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    ({"input_ids": [[1, 2]] * 17, "sampling_params": {"max_new_tokens": 1}},
+     "17 sequences; this verifier takes at most 16 per request (--max-batch)"),
+    ({"input_ids": [[1, 2, 3]] * 5, "sampling_params": {"max_new_tokens": 4000}},
+     "5 sequences of input and 'max_new_tokens' make 20015 tokens; this verifier takes at most 16384 per request "
+     "(--max-request-tokens)"),
+])
+def test_a_generate_batch_is_capped_by_sequences_and_tokens(smol_verifier: Process, body: dict, needle: str) -> None:
+    # Refused up front: served, the second would decode 20,000 tokens under one lease.
+    reply = http.post_json(smol_verifier.url + "/generate", body, timeout=30)
+    assert reply.status == 400, reply.body[:200]
+    assert needle in reply.json()["error"]["message"]
+
+
+def test_a_key_is_asked_of_every_request_but_the_health_check(keyed_verifier: Process) -> None:
+    url = keyed_verifier.url
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"}):
+        for method, path, body in [("POST", "/generate", GENERATE_ONE), ("GET", "/v1/models", None),
+                                   ("GET", "/model_info", None)]:
+            reply = http.request(method, url + path, body, {"Content-Type": "application/json", **headers}, timeout=30)
+            assert reply.status == 401, (headers, path)
+            error = reply.json()["error"]
+            assert error["code"] == "invalid_api_key" and KEY not in error["message"]
+    keyed = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+    assert http.request("POST", url + "/generate", GENERATE_ONE, keyed, timeout=30).status == 200
+    assert http.request("GET", url + "/v1/models", None, keyed, timeout=30).status == 200
+    assert http.get(url + "/health", timeout=30).status == 200  # liveness probes carry no key, as with SGLang
+    assert KEY not in keyed_verifier.log()
+
+
+def test_a_listed_host_name_is_served_and_no_other(keyed_verifier: Process) -> None:
+    keyed = {"Authorization": f"Bearer {KEY}"}
+    for name, status in [("verifier.lan", 200), ("VERIFIER.lan:8001", 200), ("evil.example", 403)]:
+        assert http.request("GET", keyed_verifier.url + "/v1/models", None, {**keyed, "Host": name},
+                            timeout=30).status == status, name
+
+
+async def test_tokenizing_a_long_prompt_leaves_the_verifier_answering(smol_verifier: Process) -> None:
+    prompt = "The quick brown fox jumps over the lazy dog. " * 140_000  # 6 MB: seconds of tokenizing
+    async with aiohttp.ClientSession() as session:
+        tokenizing = asyncio.create_task(session.post(smol_verifier.url + "/tokenize", json={"prompt": prompt}))
+        await asyncio.sleep(0.5)  # sent, read and being tokenized
+        async with session.get(smol_verifier.url + "/health") as health:
+            assert health.status == 200
+            assert not tokenizing.done()  # answered meanwhile: the tokenizer ran off the event loop
+        async with await tokenizing as reply:
+            assert reply.status == 200 and (await reply.json())["count"] > 100_000

@@ -16,8 +16,10 @@ upstream path. Every request is recorded (`FakeUpstream.seen`). The modes (`MODE
 - `bigctx`: chat echoes without the verifier, and the model claims a context of BIG_CTX;
 - `CORRUPTIONS` (`oov-bonus`, `nan-probs`, ...): `/generate` relays, and an answer of the kind the mode
   corrupts (a verification with more than FLAKY_AT input ids, or any plain decode) comes back edited:
-  an id outside the vocabulary, NaN or infinite numbers, a position too few, a one-element row, or
-  (`cut`) half its body before the connection closes. Each corrupted answer is recorded (`CORRUPTED`);
+  an id outside the vocabulary, NaN or infinite numbers, Infinity as an id, a number no float or int64
+  holds, a position too few, a one-element row, (`cut`) half its body before the connection closes, or
+  (`deep`, `longnum`) JSON Python's json cannot read: nested too deeply, a number of too many digits.
+  Each corrupted answer is recorded (`CORRUPTED`);
 - any other mode (`relay`, `keyed`, ...): relays, tagging the answer with UPSTREAM_HEADER.
 """
 
@@ -45,6 +47,9 @@ RETRY_AFTER = "7"
 UPSTREAM_HEADER = "X-Fake-Upstream"  # set to the mode on every relayed answer
 CORRUPTED = "corrupted"  # the path recorded for each answer a corrupting mode edited
 OUT_OF_VOCABULARY = 1_000_000  # a token id past any test model's vocabulary
+HUGE = 10**30  # an int no int64 holds
+DEEP_JSON = b'{"output_ids": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"  # deeper than Python's recursion limit
+LONG_NUMBER_JSON = b'{"output_ids": [' + b"7" * 5000 + b"]}"  # more digits than Python converts to an int
 
 
 @dataclass(frozen=True)
@@ -209,6 +214,23 @@ def oov_top(answer: dict[str, Any]) -> bool:
     return bool(_top_rows(answer))
 
 
+def inf_bonus(answer: dict[str, Any]) -> bool:
+    answer["output_ids"][0] = math.inf  # written as Infinity, which Python's json reads as a float
+    return True
+
+
+def huge_top(answer: dict[str, Any]) -> bool:
+    for row in _top_rows(answer):
+        row[0][1] = HUGE
+    return bool(_top_rows(answer))
+
+
+def huge_logprobs(answer: dict[str, Any]) -> bool:
+    for row in _top_rows(answer):
+        row[-1][0] = -(10**400)  # an int no float holds
+    return bool(_top_rows(answer))
+
+
 def nan_logprobs(answer: dict[str, Any]) -> bool:
     meta = answer["meta_info"]
     for entry in [*meta.get("input_token_logprobs", []), *(e for row in _top_rows(answer) for e in row)]:
@@ -296,6 +318,17 @@ async def cut(request: web.Request, seen: Seen) -> web.StreamResponse:
     return response
 
 
+def unreadable(body: bytes) -> Behaviour:
+    """Relay, answering a verification with more than FLAKY_AT input ids with `body` instead."""
+
+    async def handle(request: web.Request, seen: Seen) -> web.StreamResponse:
+        if await _edited(request, seen, lambda answer: True, plain=False) is None:
+            return await relay(request, seen)
+        return web.Response(body=body, content_type="application/json", headers={UPSTREAM_HEADER: seen.mode})
+
+    return handle
+
+
 def on(path: str, behaviour: Behaviour, *, info: Edit | None = None) -> Behaviour:
     """`behaviour` on `path`; every other path relays, `info` editing the model's description."""
 
@@ -334,6 +367,11 @@ CORRUPTIONS: dict[str, Behaviour] = {
     "short-topn": on(GENERATE_PATH, corrupting(one_short), info=no_draft_support),
     "broadcast-topn": on(GENERATE_PATH, corrupting(broadcast), info=no_draft_support),
     "cut": on(GENERATE_PATH, cut),
+    "inf-bonus": on(GENERATE_PATH, corrupting(inf_bonus)),
+    "huge-topn": on(GENERATE_PATH, corrupting(huge_top), info=no_draft_support),
+    "huge-logprobs-topn": on(GENERATE_PATH, corrupting(huge_logprobs), info=no_draft_support),
+    "deep": on(GENERATE_PATH, unreadable(DEEP_JSON)),
+    "longnum": on(GENERATE_PATH, unreadable(LONG_NUMBER_JSON)),
 }
 MODES.update(CORRUPTIONS)
 

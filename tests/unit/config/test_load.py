@@ -104,6 +104,15 @@ BAD = [
     (qwen(upstream="url: 'http://h/v1?x=1'"), f"{Q}: upstream.url: must not have a query or fragment"),
     (qwen(upstream="url: 'http://h:99999'"), f"{Q}: upstream.url: not a valid URL"),
     (qwen(upstream="protocol: vllm"), f"{Q}: upstream.url: required"),
+    (qwen(upstream="url: 'http://h/team-a/../admin'"), f"{Q}: upstream.url: must not have '.' or '..' path segments"),
+    (qwen(upstream="url: 'http://h/team-a/%2e%2e'"), f"{Q}: upstream.url: must not have '.' or '..' path segments"),
+    # passthrough
+    (qwen("passthrough: {path: ['/x']}"), f"{Q}: passthrough.path: unknown key (did you mean 'paths'?)"),
+    (qwen("passthrough: {paths: [metrics]}"), f"{Q}: passthrough.paths: must be absolute paths without query or"),
+    (qwen("passthrough: {paths: ['/a/../b']}"), f"{Q}: passthrough.paths: must be absolute paths without query or"),
+    (qwen("passthrough: {paths: ['/a?b=1']}"), f"{Q}: passthrough.paths: must be absolute paths without query or"),
+    (qwen("passthrough: {paths: ['/speculoos/live']}"), f"{Q}: passthrough.paths: /speculoos/* are the proxy's own"),
+    (qwen("passthrough: {paths: '/x'}"), f"{Q}: passthrough.paths: must be a list (got '/x')"),
     ("routes: [{name: qwen}]", f"{Q}: upstream: required"),
     # cross-field rules
     (qwen("speculation: {k: 2}, fallback: {k_min: 3}"), f"{Q}: speculation.k: 2 is below fallback.k_min (3)"),

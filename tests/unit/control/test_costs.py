@@ -8,7 +8,8 @@ import pytest
 
 from proxy.config.speculation import AssumedCostsConfig, FallbackConfig
 from proxy.control.cost_model import expected_tokens
-from proxy.control.costs import COST_SCALE_ENV, AssumedCosts, Calibration, Ewma, RouteCosts, cost_scale_from_env
+from proxy.control.cost_scale import COST_SCALE_ENV, cost_scale_from_env
+from proxy.control.costs import AssumedCosts, Calibration, Ewma, RouteCosts
 from proxy.control.policy import choose_k
 from proxy.decode.events import PlainEvent, ReadEvent, RoundEvent
 

@@ -18,8 +18,9 @@ from aiohttp.test_utils import TestServer
 from proxy.config.load import parse_config
 from proxy.config.schema import ServerConfig
 from proxy.server.app import create_app
-from proxy.server.guard import ANONYMOUS, host_allowed, origin_allowed, tenant
+from proxy.server.guard import ANONYMOUS, tenant
 from proxy.server.live import PAGE_PATH
+from proxy.wire.browsers import host_allowed, origin_allowed
 
 LISTED = "https://app.example"
 CHAT = {"model": "plain", "messages": [{"role": "user", "content": "hi"}]}

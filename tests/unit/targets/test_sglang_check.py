@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from proxy.config.load import parse_config
@@ -17,7 +18,7 @@ from proxy.targets.tokenizer_check import check_tokenizer
 from proxy.targets.upstream import Timeouts, Upstream
 from tests.fakes.drafter import ScriptedDrafter, ToyDrafter
 from tests.fakes.sglang import CONTEXT_SIZE, MIDDLE, OLDEST, Release, fake_sglang_app
-from tests.fakes.toy_model import ToyModel, ToyVocabulary
+from tests.fakes.toy_model import END, VOCAB, ToyModel, ToyVocabulary
 
 ENDS_AFTER = 40  # the toy target ends any generation once the context holds this many tokens
 
@@ -141,3 +142,51 @@ async def test_greedy_output_through_the_proxy_is_the_servers_own(release: Relea
     assert chat_headers["X-Speculoos-Mode"] == ("passthrough" if release is OLDEST else "speculative")
     assert chat_through["choices"][0]["message"]["content"] == own["choices"][0]["message"]["content"]
     assert chat_through["usage"]["completion_tokens"] == own["usage"]["completion_tokens"]
+
+
+class LlamaLookups(ToyVocabulary):
+    """A draft vocabulary that, as llama.cpp's, cannot look up an id past its end (llama.cpp aborts the process)."""
+
+    def is_end_of_generation(self, token: int) -> bool:
+        assert 0 <= token < self.n_vocab, f"id {token} looked up past the vocabulary"
+        return super().is_end_of_generation(token)
+
+
+def ending_with(matched: Any) -> web.Application:
+    """An SGLang-like server that tokenizes as the toy vocabulary and ends every generation at `matched`."""
+
+    async def model_info(request: web.Request) -> web.Response:
+        return web.json_response({"model_path": "toy"})
+
+    async def tokenize(request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"tokens": ToyVocabulary().tokenize(body.get("prompt", "Hi"), add_special=False)})
+
+    async def generate(request: web.Request) -> web.Response:
+        return web.json_response({"output_ids": [1], "meta_info": {"finish_reason": {"type": "stop",
+                                                                                     "matched": matched}}})
+
+    app = web.Application()
+    app.router.add_get("/model_info", model_info)
+    app.router.add_post("/v1/tokenize", tokenize)
+    app.router.add_post("/generate", generate)
+    return app
+
+
+@pytest.mark.parametrize(("matched", "compatible", "reason"), [
+    (END, True, "generations end with id 0"),
+    (VOCAB + 5, False, f"the target ends generations with id {VOCAB + 5}, which does not end the draft's"),
+    (10**400, True, "EOS unknown"),  # no id at all: as if the generation had not ended
+    (True, True, "EOS unknown"),
+])
+async def test_an_ending_token_is_looked_up_only_inside_the_vocabulary(matched: Any, compatible: bool,
+                                                                      reason: str) -> None:
+    server = TestServer(ending_with(matched))
+    await server.start_server()
+    upstream = Upstream(str(server.make_url("")), Timeouts(1.0, 5.0, 5.0))
+    try:
+        verdict = await check_tokenizer(LlamaLookups(), upstream)
+    finally:
+        await upstream.close()
+        await server.close()
+    assert verdict.compatible == compatible and reason in verdict.reason

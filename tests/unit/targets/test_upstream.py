@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from yarl import URL
 
 from proxy.engine.gate import DRAFT, CoreGate
-from proxy.errors import UpstreamBusyError, UpstreamTimeoutError, UpstreamUnavailableError
-from proxy.targets.upstream import Timeouts, Upstream
+from proxy.errors import BadRequestError, UpstreamBusyError, UpstreamTimeoutError, UpstreamUnavailableError
+from proxy.targets.upstream import Timeouts, Upstream, join_url
 
 HOLD = web.AppKey("hold", asyncio.Event)
 ANSWER = {"ok": True}
@@ -206,3 +207,25 @@ async def test_the_proxys_calls_wait_for_the_drafts_turn_on_shared_cores(server:
     finally:
         await upstream.close()
         await plain.close()
+
+
+# -- the URL of each call: the base path kept, whatever the path ------------------------------------------------
+
+
+@pytest.mark.parametrize(("base", "path", "url"), [
+    ("http://gw:8001", "/health", "http://gw:8001/health"),
+    ("https://gw/team-a", "/v1/models", "https://gw/team-a/v1/models"),
+    ("https://gw/team-a", "/health?verbose=1&a=%2F", "https://gw/team-a/health?verbose=1&a=%2F"),
+    ("https://gw/team-a", "/v1/models/a%2Fb", "https://gw/team-a/v1/models/a%2Fb"),  # escapes stay as sent
+    ("https://gw/team-a", "/v1//x/", "https://gw/team-a/v1//x/"),  # empty segments too
+    ("http://[::1]:8001/a%20b", "/tokenize", "http://[::1]:8001/a%20b/tokenize"),
+])
+def test_a_path_is_appended_to_the_base_path(base: str, path: str, url: str) -> None:
+    assert str(join_url(URL(base), path)) == url
+
+
+@pytest.mark.parametrize("path", ["/../admin", "/%2e%2e/admin", "/a/%2E./b", "/a/./b", "/a/..%2F..%2Fb", "/a/..",
+                                  "/a\\..\\b", "admin", ""])
+def test_a_path_that_could_leave_the_base_path_is_refused(path: str) -> None:
+    with pytest.raises(BadRequestError, match="without '.' or '..' segments"):
+        join_url(URL("https://gw/team-a"), path)
