@@ -31,7 +31,7 @@ done
 echo "verifier: Qwen2.5-Coder-1.5B on http://127.0.0.1:$VERIFIER_PORT (log: $LOG_DIR/verifier.log)"
 cat <<MSG
 proxy:    http://127.0.0.1:$PROXY_PORT/v1   ($ROUTES; Ctrl-C stops both)
-live:     http://127.0.0.1:$PROXY_PORT/speculoos/live   (tokens by origin, rounds, the route's decisions)
+live:     off; with server.live: true in $ROUTES, http://127.0.0.1:$PROXY_PORT/speculoos/live (each key its own requests)
 try:      curl -s http://127.0.0.1:$PROXY_PORT/v1/chat/completions -H 'Content-Type: application/json' -d '{"model": "qwen", "temperature": 0, "max_tokens": 160, "messages": [{"role": "user", "content": "Rename n to number in this code and return only the code:\\n\\ndef is_prime(n):\\n    if n < 2:\\n        return False\\n    for i in range(2, int(n ** 0.5) + 1):\\n        if n % i == 0:\\n            return False\\n    return True\\n"}]}' | python3 -m json.tool
           (the answer's "speculoos" object says what the drafts did and how fast that was against plain decoding)
 MSG

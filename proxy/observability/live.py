@@ -6,8 +6,10 @@ Where an emitted token came from (a speculative round emits its accepted drafts,
 - bonus: the target's token after every draft was accepted (or when nothing was drafted);
 - plain: decoded by the target alone, after the generation stopped speculating;
 - passthrough: text of a request forwarded untouched (one piece per streamed chunk).
-Each page reads through a bounded queue. A page that falls behind loses events for itself only:
-once its queue overflows, it gets a fresh snapshot instead of what it missed.
+Each page reads as one reader: a tenant (a digest of an API key, "" for requests without one) sees only that
+tenant's requests; EVERY_TENANT (the admin token's reader) sees them all. Each page reads through a bounded
+queue. A page that falls behind loses events for itself only: once its queue overflows, it gets a fresh
+snapshot instead of what it missed.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ QUEUE_EVENTS = 512  # events waiting for one page before it is marked behind
 MAX_TOKENS_KEPT = 4096  # per request: a longer generation is shown up to here (its counts go on)
 MAX_ROUNDS_KEPT = 1024  # per request, likewise
 PROMPT_CHARS = 300  # how much of the prompt a page shows
+TENANT_CHARS = 8  # of a tenant's digest, shown to tell tenants apart on the admin's page
+EVERY_TENANT = None  # the reader who sees every tenant's requests
 
 
 def round_origins(drafted: int, accepted: int, emitted: int) -> list[str]:
@@ -54,8 +58,10 @@ def prompt_preview(body: dict[str, Any]) -> str:
 
 @dataclass(eq=False)  # identity: each page is its own
 class Subscription:
-    """One open page: its bounded queue, and whether it has missed events since its last snapshot."""
+    """One open page: whose requests it sees, its bounded queue, and whether it has missed events since its last
+    snapshot."""
 
+    reader: str | None  # a tenant, or EVERY_TENANT
     queue: asyncio.Queue[str | None]
     behind: bool = False
 
@@ -68,6 +74,7 @@ class Trace:
     route: str
     kind: str
     prompt: str
+    tenant: str  # whose request: a digest of its API key, "" without one
     started: float  # wall clock, seconds
     mode: str | None = None
     tokens: list[tuple[str, str, int | None]] = field(default_factory=list)  # (text, origin, round)
@@ -87,9 +94,15 @@ class Trace:
 
     def as_dict(self) -> dict[str, Any]:
         """The page's view of the request."""
-        return {"id": self.id, "route": self.route, "kind": self.kind, "prompt": self.prompt, "started": self.started,
+        return {"id": self.id, "route": self.route, "kind": self.kind, "prompt": self.prompt,
+                "tenant": self.tenant[:TENANT_CHARS], "started": self.started,
                 "mode": self.mode, "tokens": self.tokens, "rounds": self.rounds, "token_count": self.token_count,
                 "rate": self.rate(), "switched": self.switched, "outcome": self.outcome}
+
+
+def shown_to(reader: str | None, trace: Trace) -> bool:
+    """Whether a page of `reader` is shown `trace`: its own tenant's requests, or every one to EVERY_TENANT."""
+    return reader is EVERY_TENANT or reader == trace.tenant
 
 
 class LiveFeed:
@@ -108,9 +121,9 @@ class LiveFeed:
         """How many pages are open."""
         return len(self._subscriptions)
 
-    def subscribe(self) -> Subscription:
-        """A new page's queue."""
-        subscription = Subscription(asyncio.Queue(self._queue_events))
+    def subscribe(self, reader: str | None) -> Subscription:
+        """A new page's queue; the page sees `reader`'s requests (every tenant's for EVERY_TENANT)."""
+        subscription = Subscription(reader, asyncio.Queue(self._queue_events))
         self._subscriptions.add(subscription)
         return subscription
 
@@ -125,23 +138,25 @@ class LiveFeed:
                 subscription.queue.get_nowait()
             subscription.queue.put_nowait(None)
 
-    def snapshot(self) -> dict[str, Any]:
-        """Everything a page needs to start over."""
+    def snapshot(self, reader: str | None) -> dict[str, Any]:
+        """Everything a page of `reader` needs to start over."""
         return {"type": "snapshot", "now": self._clock(), "recent": self._recent,
-                "requests": [t.as_dict() for t in self._traces.values()]}
+                "requests": [t.as_dict() for t in self._traces.values() if shown_to(reader, t)]}
 
     def catch_up(self, subscription: Subscription) -> dict[str, Any]:
         """A page that fell behind: empty its queue; the snapshot returned replaces what it missed."""
         while not subscription.queue.empty():
             subscription.queue.get_nowait()
         subscription.behind = False
-        return self.snapshot()
+        return self.snapshot(subscription.reader)
 
-    def _send(self, message: dict[str, Any]) -> None:
-        if not self._subscriptions:
+    def _send(self, trace: Trace, message: dict[str, Any]) -> None:
+        """`message` about `trace`, to the pages that see it."""
+        readers = [s for s in self._subscriptions if shown_to(s.reader, trace)]
+        if not readers:
             return
         data = json.dumps(message, separators=(",", ":"))  # encoded once for every page
-        for subscription in self._subscriptions:
+        for subscription in readers:
             if subscription.behind:
                 continue  # its snapshot will cover this
             try:
@@ -153,19 +168,19 @@ class LiveFeed:
         """A recent request's trace."""
         return self._traces.get(request_id)
 
-    def begin(self, request_id: str, route: str, kind: str, body: dict[str, Any]) -> Trace:
-        """A new generation request (the oldest one shown makes room)."""
-        trace = Trace(request_id, route, kind, prompt_preview(body), self._clock())
+    def begin(self, request_id: str, route: str, kind: str, body: dict[str, Any], *, tenant: str) -> Trace:
+        """A new generation request of `tenant` (the oldest one shown makes room)."""
+        trace = Trace(request_id, route, kind, prompt_preview(body), tenant, self._clock())
         self._traces[request_id] = trace
         while len(self._traces) > self._recent:
             self._traces.popitem(last=False)
-        self._send({"type": "begin", "request": trace.as_dict()})
+        self._send(trace, {"type": "begin", "request": trace.as_dict()})
         return trace
 
     def set_mode(self, trace: Trace, mode: str) -> None:
         """The request is served speculatively or passes through."""
         trace.mode = mode
-        self._send({"type": "mode", "id": trace.id, "mode": mode})
+        self._send(trace, {"type": "mode", "id": trace.id, "mode": mode})
 
     def add_tokens(self, trace: Trace, pieces: Iterable[tuple[str, str]], round_info: dict[str, Any] | None) -> None:
         """Tokens (text, origin) emitted together, and the round that emitted them if any."""
@@ -181,20 +196,21 @@ class LiveFeed:
         trace.tokens.extend(kept)
         if round_info is not None and len(trace.rounds) < MAX_ROUNDS_KEPT:
             trace.rounds.append(round_info)
-        self._send({"type": "tokens", "id": trace.id, "tokens": kept, "round": round_info,
-                    "token_count": trace.token_count, "rate": trace.rate()})
+        self._send(trace, {"type": "tokens", "id": trace.id, "tokens": kept, "round": round_info,
+                           "token_count": trace.token_count, "rate": trace.rate()})
 
     def switch(self, trace: Trace, reason: str) -> None:
         """The generation continues by plain decoding."""
         trace.switched = reason
-        self._send({"type": "switch", "id": trace.id, "reason": reason})
+        self._send(trace, {"type": "switch", "id": trace.id, "reason": reason})
 
     def end(self, trace: Trace, outcome: dict[str, Any]) -> None:
         """The request is over (served, failed or abandoned by its client)."""
         trace.outcome = {**outcome, "ms": round((self._clock() - trace.started) * 1000, 1)}
         if outcome.get("mode"):
             trace.mode = outcome["mode"]
-        self._send({"type": "end", "id": trace.id, "mode": trace.mode, "outcome": trace.outcome, "rate": trace.rate()})
+        self._send(trace, {"type": "end", "id": trace.id, "mode": trace.mode, "outcome": trace.outcome,
+                           "rate": trace.rate()})
 
 
 class TokenText:

@@ -1,15 +1,15 @@
 """GET /speculoos/live: a page of recent requests' tokens by origin and every route's decision, fed by SSE.
 
-Off unless `server.live: true` (404 otherwise). The page shows prompt and output text, so it answers
-only on a loopback address or on the address `server.host` names, and only to a Host header naming
-that address (a page elsewhere that rebinds its own name to ours gets a 404). Neither the page
-nor its stream carries a key or an Authorization header: they hold only tokens, timings and decisions.
+Off unless `server.live: true` (404 otherwise). The stream shows prompt and output text, so each reader
+sees only its own API key's requests, and every tenant's only with the admin token (proxy/server/live_access.py
+says who reads what, and where). The page itself holds no data: it asks for the key, or takes the token from
+its URL's fragment, and passes it in a header to the stream, which it reads with fetch (an EventSource cannot
+send headers). Neither the page nor its stream carries a key: only tokens, timings and decisions.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import math
 import time
@@ -21,6 +21,7 @@ from aiohttp import web
 from proxy.decode.events import Subscriber
 from proxy.observability.live import PASSTHROUGH as PASSTHROUGH_ORIGIN
 from proxy.observability.live import LiveFeed, RoundTracker, Trace
+from proxy.server.live_access import admin_token, page_address, reader, serves_live, tenant_of
 from proxy.server.passthrough import TokenMeter
 from proxy.server.runtime import CONFIG, RUNTIMES, RouteRuntime
 from proxy.wire.response import SSE_HEADERS
@@ -28,7 +29,6 @@ from proxy.wire.response import SSE_HEADERS
 SPECULATIVE, PASSTHROUGH = "speculative", "passthrough"
 PAGE_PATH, EVENTS_PATH = "/speculoos/live", "/speculoos/live/events"
 ROUTES_EVERY_S = 1.0  # how often an open page gets the routes' state
-WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
 OUTCOME_KEYS = ("mode", "reason", "status", "error", "finish_reason", "completion_tokens", "alpha", "rounds",
                 "drafted", "accepted", "switched_to_plain")
 PAGE_HEADERS = {
@@ -42,47 +42,34 @@ PAGE_HEADERS = {
 }
 
 LIVE = web.AppKey("live", LiveFeed)
+LIVE_TOKEN = web.AppKey("live_token", str)  # the admin token: every tenant's requests
 PAGE = web.AppKey("live_page", bytes)
 TRACE = web.RequestKey("live_trace", Trace)
 
 
 def setup(app: web.Application) -> None:
-    """Register the page and its stream (404 when off); with `server.live`, the feed handlers report to."""
+    """Register the page and its stream (404 when off); with `server.live`, the feed handlers report to and the
+    admin token, printed at start-up when generated."""
     app.router.add_get(PAGE_PATH, page)
     app.router.add_get(EVENTS_PATH, events)
-    if not app[CONFIG].server.live:
+    server = app[CONFIG].server
+    if not server.live:
         return
     app[LIVE] = LiveFeed()
     app[PAGE] = resources.files("proxy.server").joinpath("live_page.html").read_bytes()
+    app[LIVE_TOKEN], generated = admin_token(server)
+
+    async def announce(app: web.Application) -> None:
+        url = f"http://{page_address(server.host)}:{server.port}{PAGE_PATH}"
+        every = f"{url}#token={app[LIVE_TOKEN]}" if generated else f"{url}#token=<server.live_token>"
+        # Printed, never logged: the notebook servers' way, so the token reaches its owner's terminal only.
+        print(f"speculoos: live page {url} (a key's own requests); every tenant's: {every}", flush=True)
 
     async def end_streams(app: web.Application) -> None:
         app[LIVE].close()
 
+    app.on_startup.append(announce)
     app.on_shutdown.append(end_streams)
-
-
-def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    try:
-        address = ipaddress.ip_address(text.split("%", 1)[0])  # an IPv6 zone index is not part of the address
-    except ValueError:
-        return None
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped  # a dual-stack socket reports IPv4 peers this way
-    return address
-
-
-def serves_live(local_address: str | None, host_name: str | None, bind_host: str) -> bool:
-    """Whether a connection to `local_address`, naming `host_name` in its Host header, may see the live view."""
-    local = _ip(local_address or "")
-    if local is None or not host_name:
-        return False
-    bound = _ip(bind_host)
-    if not (local.is_loopback or (bind_host not in WILDCARD_HOSTS and bound == local)):
-        return False
-    named = _ip(host_name)
-    if named is not None:
-        return named == local
-    return (host_name.lower() == "localhost" and local.is_loopback) or host_name.lower() == bind_host.lower()
 
 
 def _feed(request: web.Request) -> LiveFeed:
@@ -140,13 +127,13 @@ def _sse(data: str) -> bytes:
 
 
 async def events(request: web.Request) -> web.StreamResponse:
-    """GET /speculoos/live/events: a snapshot, then every event, and the routes every second."""
+    """GET /speculoos/live/events: a snapshot, then every event the reader may see, and the routes every second."""
     feed = _feed(request)
+    subscription = feed.subscribe(reader(request.headers, request.app[LIVE_TOKEN]))  # before any byte: a 403 whole
     response = web.StreamResponse(headers=SSE_HEADERS)
-    await response.prepare(request)
-    subscription = feed.subscribe()
     try:
-        await response.write(_sse(json.dumps(feed.snapshot())))
+        await response.prepare(request)
+        await response.write(_sse(json.dumps(feed.snapshot(subscription.reader))))
         await response.write(_sse(json.dumps(routes_message(request.app))))
         routes_due = time.monotonic() + ROUTES_EVERY_S
         while True:
@@ -177,7 +164,7 @@ def begin(request: web.Request, request_id: str, route: str, kind: str, body: di
     """A generation request was routed."""
     feed = request.app.get(LIVE)
     if feed is not None:
-        request[TRACE] = feed.begin(request_id, route, kind, body)
+        request[TRACE] = feed.begin(request_id, route, kind, body, tenant=tenant_of(request.headers))
 
 
 def round_subscribers(app: web.Application, request_id: str, runtime: RouteRuntime) -> list[Subscriber]:

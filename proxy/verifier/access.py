@@ -3,8 +3,9 @@ and JSON bodies only.
 
 The verifier computes for whoever reaches its port, web pages included: the Host and Origin rules
 of proxy/wire/browsers.py keep pages of other sites and rebound names out (no Origin is listed here;
-Host names are, with --allowed-host), and a POST body must say it is JSON, which a page's form or preflight-free `text/plain` fetch
-cannot. With `--api-key`, every request but the liveness check needs `Authorization: Bearer <key>`.
+Host names are, with --allowed-host), and a POST body must say it is JSON, which a page's form or
+preflight-free `text/plain` fetch cannot. With `--api-key`, every request but the liveness check
+needs `Authorization: Bearer <key>`.
 """
 
 from __future__ import annotations

@@ -2,11 +2,14 @@
 
 A proxy with `server.live: true` drafts by prompt lookup in front of the real SmolLM2 verifier: on a
 prompt it half repeats, lookup drafts are sometimes right and sometimes wrong, so a greedy request
-has accepted, recovered and bonus tokens. The screenshot goes to out/live-page.png.
+has accepted, recovered and bonus tokens. The page is read as an API key typed into it (it shows that
+key's requests only), then with the admin token of the URL the proxy printed at start-up (every
+tenant's). The screenshot goes to out/live-page.png.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +32,8 @@ SCREENSHOT = REPO / "out" / "live-page.png"
 WAIT_S = 60
 PROMPT = ("List the days of the week, one per line: Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, "
           "Sunday. Again:")
+KEY = "sk-live-page-reader"
+KEYED = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +60,10 @@ def browser() -> Iterator[WebDriver]:
     driver.quit()
 
 
-def chat(proxy: Process, headers: dict[str, str]) -> str:
+def chat(proxy: Process, headers: dict[str, str], prompt: str = PROMPT, max_tokens: int = 60) -> str:
     """A greedy chat request's text."""
-    body = {"model": "smol", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 60, "temperature": 0}
+    body = {"model": "smol", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0}
     reply = http.post_json(proxy.url + "/v1/chat/completions", body, headers=headers, timeout=120)
     assert reply.status == 200, reply.body[:500]
     return reply.json()["choices"][0]["message"]["content"]
@@ -70,18 +76,30 @@ def card(driver: WebDriver, mode: str) -> object:
                                       if "status 200" in c.find_element(By.CSS_SELECTOR, ".outcome").text), None))
 
 
-def test_live_page_shows_tokens_by_origin_and_the_routes(live_proxy: Process, browser: WebDriver) -> None:
+def prompts(driver: WebDriver) -> list[str]:
+    """The prompts of the request cards shown."""
+    return [p.text for p in driver.find_elements(By.CSS_SELECTOR, ".request .prompt")]
+
+
+def test_live_page_shows_a_keys_tokens_by_origin_and_the_routes(live_proxy: Process, browser: WebDriver) -> None:
     browser.get(live_proxy.url + "/speculoos/live")
     wait = WebDriverWait(browser, WAIT_S)
     wait.until(lambda d: d.find_element(By.ID, "conn").text == "live")
+    assert "without a key" in browser.find_element(By.ID, "view").text
+    browser.find_element(By.ID, "key").send_keys(KEY)
+    browser.find_element(By.ID, "use-key").click()
+    wait.until(lambda d: "this key" in d.find_element(By.ID, "view").text
+               and d.find_element(By.ID, "conn").text == "live")
     mode = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, 'tr.route[data-route="test"] .mode .badge'))
     assert mode.text == "speculative"
 
-    chat(live_proxy, PASS)  # first, so the route knows its plain rate when the speculative request ends
+    chat(live_proxy, PASS, "Name one colour.", max_tokens=8)  # no key: not this page's
+    chat(live_proxy, {**PASS, **KEYED})  # first, so the route knows its plain rate when the speculative one ends
     passthrough = card(browser, "passthrough")
     assert passthrough.find_elements(By.CSS_SELECTOR, ".tok.passthrough")  # type: ignore[attr-defined]
+    assert not any("colour" in prompt for prompt in prompts(browser))  # it came first: it would be shown by now
 
-    text = chat(live_proxy, {"X-Speculoos": "k=4"})
+    text = chat(live_proxy, {"X-Speculoos": "k=4", **KEYED})
     speculative = card(browser, "speculative")
     tokens = speculative.find_elements(By.CSS_SELECTOR, ".text .tok")  # type: ignore[attr-defined]
     origins = {t.get_attribute("data-origin") for t in tokens}
@@ -104,3 +122,20 @@ def test_live_page_shows_tokens_by_origin_and_the_routes(live_proxy: Process, br
     assert "recovered from the target" in tip.text and "round " in tip.text
     SCREENSHOT.parent.mkdir(exist_ok=True)
     assert browser.save_screenshot(str(SCREENSHOT))
+
+
+def test_the_printed_admin_url_shows_every_tenant(live_proxy: Process, browser: WebDriver) -> None:
+    found = re.search(r"/speculoos/live#token=([A-Za-z0-9_-]+)", live_proxy.log())
+    assert found, live_proxy.log()[-2000:]
+    token = found.group(1)
+    chat(live_proxy, PASS, "Say hello.", max_tokens=8)
+    chat(live_proxy, {**PASS, **KEYED}, "Say goodbye.", max_tokens=8)
+    browser.get(f"{live_proxy.url}/speculoos/live#token={token}")
+    wait = WebDriverWait(browser, WAIT_S)
+    wait.until(lambda d: "every tenant" in d.find_element(By.ID, "view").text
+               and d.find_element(By.ID, "conn").text == "live")
+    wait.until(lambda d: {"› Say hello.", "› Say goodbye."} <= set(prompts(d)))
+    tenants = {c.find_element(By.CSS_SELECTOR, ".prompt").text: c.find_element(By.CSS_SELECTOR, ".tenant").text
+               for c in browser.find_elements(By.CSS_SELECTOR, ".request")}
+    assert tenants["› Say hello."] == "no key" and tenants["› Say goodbye."].startswith("key ")
+    assert live_proxy.log().count(token) == 1  # printed once at start-up, never logged

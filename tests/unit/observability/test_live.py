@@ -11,6 +11,7 @@ from proxy.observability import live
 from proxy.observability.live import (
     ACCEPTED,
     BONUS,
+    EVERY_TENANT,
     PLAIN,
     RECOVERED,
     LiveFeed,
@@ -67,8 +68,8 @@ def _messages(subscription: live.Subscription) -> list[dict]:
 
 async def test_a_page_that_falls_behind_loses_events_for_itself_and_gets_a_snapshot() -> None:
     feed = LiveFeed(queue_events=3)
-    slow, fast = feed.subscribe(), feed.subscribe()
-    trace = feed.begin("r1", "route", "chat", {"prompt": "p"})
+    slow, fast = feed.subscribe(EVERY_TENANT), feed.subscribe(EVERY_TENANT)
+    trace = feed.begin("r1", "route", "chat", {"prompt": "p"}, tenant="")
     for _ in range(10):
         feed.add_tokens(trace, [("a", PLAIN)], None)
         _messages(fast)  # this page keeps up
@@ -82,21 +83,47 @@ async def test_a_page_that_falls_behind_loses_events_for_itself_and_gets_a_snaps
     assert [m["type"] for m in _messages(slow)] == ["tokens"]  # back to events after its snapshot
 
 
+TENANTS = {"ra": "digest-a", "rb": "digest-b", "rn": ""}  # request id -> its tenant ("" for no key)
+
+
+@pytest.mark.parametrize(("reader", "sees"), [
+    ("digest-a", ["ra"]),
+    ("digest-b", ["rb"]),
+    ("", ["rn"]),  # a reader without a key: the keyless requests
+    ("digest-c", []),
+    (EVERY_TENANT, ["ra", "rb", "rn"]),
+])
+async def test_a_page_is_sent_only_its_readers_tenants_requests(reader: str | None, sees: list[str]) -> None:
+    feed = LiveFeed()
+    page = feed.subscribe(reader)
+    for request_id, tenant in TENANTS.items():
+        trace = feed.begin(request_id, "route", "chat", {"prompt": f"prompt {request_id}"}, tenant=tenant)
+        feed.set_mode(trace, "passthrough")
+        feed.add_tokens(trace, [("a", PLAIN)], None)
+        feed.switch(trace, "why")
+        feed.end(trace, {"status": 200})
+    shown = _messages(page)
+    assert sorted({m.get("id") or m["request"]["id"] for m in shown}) == sees
+    assert len(shown) == 5 * len(sees)  # begin, mode, tokens, switch, end
+    assert [r["id"] for r in feed.snapshot(reader)["requests"]] == sees
+    assert [r["id"] for r in feed.catch_up(page)["requests"]] == sees  # a page that fell behind, likewise
+
+
 async def test_a_page_that_goes_away_frees_its_queue() -> None:
     feed = LiveFeed()
-    subscription = feed.subscribe()
+    subscription = feed.subscribe(EVERY_TENANT)
     assert feed.subscribers == 1
     feed.unsubscribe(subscription)
     feed.unsubscribe(subscription)  # twice is harmless (a disconnect and a shutdown)
     assert feed.subscribers == 0
-    feed.begin("r1", "route", "chat", {})
+    feed.begin("r1", "route", "chat", {}, tenant="")
     assert subscription.queue.empty()
 
 
 async def test_close_ends_every_stream_even_a_full_one() -> None:
     feed = LiveFeed(queue_events=1)
-    subscription = feed.subscribe()
-    feed.begin("r1", "route", "chat", {})
+    subscription = feed.subscribe(EVERY_TENANT)
+    feed.begin("r1", "route", "chat", {}, tenant="")
     feed.close()
     assert subscription.queue.get_nowait() is None
 
@@ -104,15 +131,15 @@ async def test_close_ends_every_stream_even_a_full_one() -> None:
 async def test_only_the_recent_requests_are_kept() -> None:
     feed = LiveFeed(recent=3)
     for i in range(5):
-        feed.begin(f"r{i}", "route", "chat", {})
-    assert [r["id"] for r in feed.snapshot()["requests"]] == ["r2", "r3", "r4"]
+        feed.begin(f"r{i}", "route", "chat", {}, tenant="")
+    assert [r["id"] for r in feed.snapshot(EVERY_TENANT)["requests"]] == ["r2", "r3", "r4"]
     assert feed.get("r0") is None
 
 
 async def test_tokens_kept_per_request_are_bounded_but_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(live, "MAX_TOKENS_KEPT", 5)
     feed = LiveFeed()
-    trace = feed.begin("r1", "route", "chat", {})
+    trace = feed.begin("r1", "route", "chat", {}, tenant="")
     for _ in range(4):
         feed.add_tokens(trace, [("a", PLAIN), ("b", PLAIN)], None)
     assert len(trace.tokens) == 5 and trace.token_count == 8
@@ -121,8 +148,8 @@ async def test_tokens_kept_per_request_are_bounded_but_counted(monkeypatch: pyte
 async def test_round_tracker_shows_a_generation_round_by_round() -> None:
     clock = iter([100.0, 101.0, 102.0, 103.0, 104.0, 105.0]).__next__
     feed = LiveFeed(clock=clock)
-    page = feed.subscribe()
-    trace = feed.begin("r1", "route", "chat", {"prompt": "p"})  # t = 100
+    page = feed.subscribe(EVERY_TENANT)
+    trace = feed.begin("r1", "route", "chat", {"prompt": "p"}, tenant="")  # t = 100
     track = RoundTracker(feed, trace, BYTES.__getitem__)
     track(RoundEvent("r1", "route", 0, 3, (1, 2, 1), 2, (1, 2, 3), 0.010, 0.030))  # t = 101
     track(RoundEvent("r1", "route", 1, 2, (4, 4), 2, (4, 4, 1), 0.005, 0.020))  # t = 102

@@ -1,7 +1,7 @@
 """GET /speculoos/live and its event stream in a running proxy: off, on, on which address, and what reaches it.
 
-The proxy runs in-process with a scripted drafter in front of the fake SGLang of a toy model, and a
-route that passes through to a small fake OpenAI server.
+The proxy (tests/unit/server/live_app.py) runs in-process with a scripted drafter in front of the fake
+SGLang of a toy model, and a route that passes through to a small fake OpenAI server.
 """
 
 from __future__ import annotations
@@ -9,27 +9,19 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from proxy.config.load import parse_config
-from proxy.engine.llama import EngineOptions
-from proxy.observability.live import ACCEPTED, PASSTHROUGH, RECOVERED, LiveFeed
+from proxy.observability.live import ACCEPTED, EVERY_TENANT, PASSTHROUGH, RECOVERED, LiveFeed
 from proxy.server import live
-from proxy.server.app import create_app
-from proxy.server.live import EVENTS_PATH, PAGE_PATH, serves_live
-from tests.fakes.drafter import ScriptedDrafter
-from tests.fakes.sglang import fake_sglang_app
-from tests.fakes.toy_model import END, VOCAB, ToyModel
-
-PIECES = ["Hel", "lo", " there"]
-WRONG_AT = 2  # the scripted draft's third token is wrong: two accepted, then a correction
+from proxy.server.live import EVENTS_PATH, PAGE_PATH
+from proxy.server.live_access import serves_live
+from tests.unit.server.live_app import PIECES, WRONG_AT, proxy, read_event
 
 
 @pytest.mark.parametrize(("local", "host", "bind", "allowed"), [
@@ -52,75 +44,10 @@ def test_serves_live_only_on_the_bind_address(local: str | None, host: str | Non
     assert serves_live(local, host, bind) is allowed
 
 
-def openai_app() -> web.Application:
-    """A server that streams PIECES as chat chunks, or answers them whole."""
-
-    async def chat(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        if not body.get("stream"):
-            return web.json_response({"choices": [{"index": 0,
-                                                   "message": {"role": "assistant", "content": "".join(PIECES)},
-                                                   "finish_reason": "stop"}], "usage": {"completion_tokens": 3}})
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for piece in PIECES:
-            chunk = {"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}
-            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        await response.write(b"data: [DONE]\n\n")
-        return response
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    return app
-
-
-def scripted_drafter(model: ToyModel) -> ScriptedDrafter:
-    def script(context: Sequence[int], k: int) -> list[int]:
-        tokens = model.greedy(context, k)
-        if len(tokens) > WRONG_AT and len(context) < 12:  # wrong in the first round only
-            tokens[WRONG_AT] = (tokens[WRONG_AT] + 1) % VOCAB or 1
-        return [t for t in tokens if t != END] or tokens
-    return ScriptedDrafter(script)
-
-
-async def proxy(tmp_path: Path, *, enabled: bool, host: str = "127.0.0.1", bind: str = "127.0.0.1",
-                ) -> AsyncIterator[TestServer]:
-    model = ToyModel()
-    upstreams = [TestServer(fake_sglang_app(model)), TestServer(openai_app())]
-    for server in upstreams:
-        await server.start_server()
-    gguf = tmp_path / "toy.gguf"
-    gguf.write_bytes(b"")  # a draft path must exist; the loader below never reads it
-    config = parse_config({"server": {"live": enabled, "host": host}, "routes": [
-        {"name": "toy", "match": {"model": "toy"}, "upstream": {"url": str(upstreams[0].make_url(""))},
-         "draft": {"model": str(gguf)}, "speculation": {"k": 4}},
-        {"name": "plain", "upstream": {"url": str(upstreams[1].make_url("")), "protocol": "openai"}},
-    ]})
-
-    def load(options: EngineOptions) -> ScriptedDrafter:
-        return scripted_drafter(model)
-
-    server = TestServer(create_app(config, load_drafter=load), host=bind)
-    await server.start_server()
-    yield server
-    await server.close()
-    for upstream in upstreams:
-        await upstream.close()
-
-
 @pytest.fixture
 async def live_on(tmp_path: Path) -> AsyncIterator[TestServer]:
     async for server in proxy(tmp_path, enabled=True):
         yield server
-
-
-async def read_event(response: aiohttp.ClientResponse) -> dict[str, Any]:
-    """The next SSE event's JSON."""
-    while True:
-        line = await asyncio.wait_for(response.content.readline(), 10)
-        assert line, "the stream ended"
-        if line.startswith(b"data: "):
-            return json.loads(line[len(b"data: "):])
 
 
 async def test_page_and_stream_answer_404_when_off(tmp_path: Path) -> None:
@@ -195,20 +122,22 @@ async def test_routes_show_mode_and_costs(live_on: TestServer) -> None:
 async def test_speculative_and_passthrough_requests_stream_to_the_page(live_on: TestServer) -> None:
     feed: LiveFeed = live_on.app[live.LIVE]
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "temperature": 0, "stream": True}
-    async with aiohttp.ClientSession() as session, session.get(live_on.make_url(EVENTS_PATH)) as page:
+    key = {"Authorization": "Bearer sk-never-shown"}  # the page reads as the client that sends the requests
+    async with aiohttp.ClientSession() as session, session.get(live_on.make_url(EVENTS_PATH), headers=key) as page:
         assert (await read_event(page))["type"] == "snapshot"
         async with session.post(live_on.make_url("/v1/chat/completions"), json={**chat, "model": "toy"},
-                                headers={"X-Speculoos": "k=4", "Authorization": "Bearer sk-never-shown"}) as reply:
+                                headers={"X-Speculoos": "k=4", **key}) as reply:
             assert reply.headers["X-Speculoos-Mode"] == "speculative"
             await reply.read()
-        async with session.post(live_on.make_url("/v1/chat/completions"), json={**chat, "model": "other"}) as reply:
+        async with session.post(live_on.make_url("/v1/chat/completions"), json={**chat, "model": "other"},
+                                headers=key) as reply:
             assert reply.headers["X-Speculoos-Mode"] == "passthrough"
             await reply.read()
         seen: list[dict[str, Any]] = []
         while sum(m["type"] == "end" for m in seen) < 2:
             seen.append(await read_event(page))
     assert "sk-never-shown" not in json.dumps(seen)
-    speculative, passthrough = feed.snapshot()["requests"]
+    speculative, passthrough = feed.snapshot(EVERY_TENANT)["requests"]
     origins = [origin for _, origin, _ in speculative["tokens"]]
     assert origins[:3] == [ACCEPTED, ACCEPTED, RECOVERED]
     assert speculative["mode"] == "speculative" and speculative["rounds"][0]["accepted"] == WRONG_AT
@@ -224,5 +153,5 @@ async def test_a_whole_passthrough_answer_shows_as_one_piece(live_on: TestServer
     async with aiohttp.ClientSession() as session:
         async with session.post(live_on.make_url("/v1/chat/completions"), json=body) as reply:
             assert reply.status == 200
-    (trace,) = live_on.app[live.LIVE].snapshot()["requests"]
+    (trace,) = live_on.app[live.LIVE].snapshot(EVERY_TENANT)["requests"]
     assert trace["tokens"] == [("".join(PIECES), PASSTHROUGH, None)]
