@@ -8,7 +8,18 @@ from __future__ import annotations
 
 import argparse
 
-from proxy.bench import anchor, at_once, compare, cost_curve, drafts, first_request, peers, replay, two_device
+from proxy.bench import (
+    anchor,
+    at_once,
+    compare,
+    cost_curve,
+    drafts,
+    first_request,
+    overhead,
+    peers,
+    replay,
+    two_device,
+)
 from proxy.bench.command import guarded
 
 
@@ -39,5 +50,5 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
     _run_arguments(sub.add_parser(
         "run", help="the proxy against its upstream, every mode interleaved (the default)",
         description=compare.__doc__.split("\n\n")[0] if compare.__doc__ else None))
-    for module in (drafts, two_device, first_request, cost_curve, anchor, at_once, peers):
+    for module in (drafts, two_device, first_request, cost_curve, anchor, at_once, peers, overhead):
         module.add_cli(sub)
