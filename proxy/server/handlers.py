@@ -204,12 +204,13 @@ def _session(app: web.Application, runtime: RouteRuntime, parsed: GenerationRequ
     controller, spec = runtime.controller, runtime.route.speculation
     stats = RequestStats(plain_rate=lambda: controller.costs.plain_rate)
     pipelined = spec.pipeline if control.pipeline is None else control.pipeline
-    warm_up = not (control.pinned_k or control.forced)
+    warm_up = chosen = not (control.pinned_k or control.forced)
     # Reading along is free only where the draft has cores of its own: taking turns, it would delay the target.
     reads_along = warm_up and parsed.sampling_params.greedy and not runtime.takes_turns
     policy = (PinnedPolicy(control.pinned_k) if control.pinned_k
               else controller.policy(forced=control.forced, pipelined=pipelined, reads_along=reads_along))
-    publish = Publisher([policy.observe, stats, controller.observe,
+    # Only rounds the route's controller chose teach it: a client forcing or pinning K would steer everyone's mode.
+    publish = Publisher([policy.observe, stats, *([controller.observe] if chosen else []),
                          RouteMetrics(app[METRICS], runtime.name, controller), SwitchLog(log),
                          *live.round_subscribers(app, request_id, runtime)])
     session = Session(request_id=request_id, route=runtime.name, prompt_ids=prompt_ids, max_tokens=max_tokens,
