@@ -4,8 +4,9 @@ One process: the proxy (create_app, one sglang route) serves in a thread of its 
 loop, while a fake SGLang (overhead_target.py) and the clients share the main thread's loop. The proxy
 thread's CPU time (time.thread_time, read inside that thread) is then the proxy's alone: not the clients',
 not the fake's, not llama.cpp's threads (the draft model's compute, reported apart as the rounds' draft
-wall time). Every request pins K (`X-Speculoos: k=N`), so every round drafts at K; the stage split
-times the proxy's own functions, patched only while the bench runs (overhead_stages.py).
+wall time). Each K has a route of its own whose stated costs make K pay, so its controller speculates at K
+as for any request it chose; the stage split times the proxy's own functions, patched only while the bench
+runs (overhead_stages.py).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Grid:
     requests: int
     max_tokens: int
     acceptance: float
+    step_ms: float = 0.0  # the fake's wall time per step (asleep: no CPU)
 
 
 def parse_grid(args: argparse.Namespace) -> Grid:
@@ -68,7 +70,10 @@ def parse_grid(args: argparse.Namespace) -> Grid:
         raise BenchError("--requests and --max-tokens must be positive")
     if not 0 <= args.acceptance <= 1:
         raise BenchError("--acceptance must lie in 0..1")
-    return Grid(ks, streams, temperatures, drafts, contexts, args.requests, args.max_tokens, args.acceptance)
+    if not 0 <= args.step_ms <= 1000:
+        raise BenchError("--step-ms must lie in 0..1000")
+    return Grid(ks, streams, temperatures, drafts, contexts, args.requests, args.max_tokens, args.acceptance,
+                args.step_ms)
 
 
 def configurations(grid: Grid, draft: str) -> list[Configuration]:
@@ -104,10 +109,11 @@ async def _run_grid(grid: Grid, gguf: Path) -> list[Row]:
     root = Path(__file__).resolve().parents[2]
     prompts = {c: code_prompt(tokenize, c, root) for c in grid.contexts}
     rows: list[Row] = []
-    async with serve_fake(grid.acceptance, vocabulary.n_vocab, tokenize, context_length) as fake_url:
+    async with serve_fake(grid.acceptance, vocabulary.n_vocab, tokenize, context_length,
+                          grid.step_ms / 1000.0) as fake_url:
         for draft in grid.drafts:
             clock = stages.StageClock()
-            route = draft_route(draft, str(gguf), fake_url, max(grid.streams), context_length)
+            route = draft_route(draft, str(gguf), fake_url, max(grid.streams), context_length, grid.ks)
             async with ProxyThread(route, clock) as proxy:
                 for configuration in configurations(grid, draft):
                     prompt = prompts[configuration.context_tokens]
@@ -129,9 +135,11 @@ def _run(args: argparse.Namespace) -> int:
 
     logs.configure(json_lines=True)  # every request's log line is rendered, as `serve` renders it, then dropped
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=open(os.devnull, "w")))  # noqa: SIM115
-    print(f"regime: fake SGLang answering at once (acceptance {grid.acceptance:g} per draft position, top-20 over "
+    print(f"regime: fake SGLang spending {grid.step_ms:g} ms asleep a step (a verification, or a plain token), "
+          f"acceptance {grid.acceptance:g} per draft position, top-20 over "
           f"the draft's vocabulary) in this process's main thread with the clients; the proxy in a thread of its own; "
-          f"{grid.requests} streamed requests per stream, {grid.max_tokens} tokens each, K pinned; CPU is "
+          f"{grid.requests} streamed requests per stream, {grid.max_tokens} tokens each, "
+          f"K the route's own (stated costs under which K pays); CPU is "
           f"the proxy thread's; \"other\" = {stages.OTHER_MEANS}", flush=True)
     started = time.perf_counter()
     rows = asyncio.run(_run_grid(grid, gguf))
@@ -148,7 +156,7 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
     """Register `bench overhead`."""
     parser = commands.add_parser("overhead", help="the proxy's own CPU time per round, against an instant target",
                                  description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--ks", default="1,4,8,16,32", help="pinned K per request (default 1,4,8,16,32)")
+    parser.add_argument("--ks", default="1,4,8,16,32", help="K of each route (default 1,4,8,16,32)")
     parser.add_argument("--streams", default="1,8,64", help="concurrent clients (default 1,8,64)")
     parser.add_argument("--temperatures", default="0,0.7", help="0 = greedy; sampled ones send top_k 20 (exact "
                                                                  "with top-20 log-probs)")
@@ -159,6 +167,9 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--acceptance", type=float, default=0.8,
                         help="the fake's chance to put the draft token on top, per position (default 0.8)")
+    parser.add_argument("--step-ms", type=float, default=20.0,
+                        help="the fake target's wall time per step, asleep (a GPU's: a verification or a plain "
+                             "token; default 20): the route measures real costs and speculates at K, as on a GPU")
     parser.add_argument("--model", default=DEFAULT_MODEL, help="the draft (and tokenizer) GGUF: name or path")
     parser.add_argument("--json", metavar="FILE", help="write one JSON row per configuration")
     parser.set_defaults(run=run)

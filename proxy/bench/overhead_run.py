@@ -7,7 +7,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,25 +79,38 @@ class Measurement:
     errors: list[str] = field(default_factory=list)
 
 
-def draft_route(draft: str, gguf: str, upstream: str, streams: int, context_length: int) -> Config:
-    """One sglang route to the fake: suffix lookup (long paths allowed) or the model; no calibration; the draft on
-    cores of its own (the fake computes nothing to take turns with)."""
-    if draft == "lookup":  # a path may be as long as K after any match: rounds draft at K as soon as a copy is found
-        section: dict[str, Any] = {"kind": "suffix", "model": gguf, "k_max": MAX_K, "match_factor": float(MAX_K),
-                                   "parallel": 1, "ctx": 512}
-    else:
-        section = {"kind": "model", "model": gguf, "parallel": streams, "ctx": context_length,
-                   "shares_cores": False}
-    route = {"name": "overhead", "upstream": {"url": upstream, "protocol": "sglang"}, "draft": section,
-             "speculation": {"k": 1, "top_logprobs": 20}, "fallback": {"calibrate": False, "k_max": MAX_K}}
-    return Config.model_validate({"server": {"port": 0}, "routes": [route]})
+
+
+def route_model(k: int) -> str:
+    """The model name that reaches the route whose controller speculates at k."""
+    return f"overhead-k{k}"
+
+
+def draft_route(draft: str, gguf: str, upstream: str, streams: int, context_length: int,
+                ks: Sequence[int]) -> Config:
+    """One sglang route per K to the fake: suffix lookup (long paths allowed) or the model; no calibration; the
+    draft on cores of its own (the fake computes nothing to take turns with). Each route's controller measures its
+    costs and chooses K itself, as for any request it chose (a client's pinned K would leave it out)."""
+    routes = []
+    for k in ks:
+        if draft == "lookup":  # a path may be as long as K after any match: rounds draft K as soon as a copy is found
+            section: dict[str, Any] = {"kind": "suffix", "model": gguf, "k_max": k, "match_factor": float(MAX_K),
+                                       "parallel": 1, "ctx": 512}
+        else:
+            section = {"kind": "model", "model": gguf, "parallel": streams, "ctx": context_length,
+                       "shares_cores": False}
+        routes.append({"name": route_model(k), "match": {"model": route_model(k)}, "draft": section,
+                       "upstream": {"url": upstream, "protocol": "sglang", "model": SERVED_NAME},
+                       "speculation": {"k": k, "top_logprobs": 20},
+                       "fallback": {"calibrate": False, "k_min": k, "k_max": k}})
+    return Config.model_validate({"server": {"port": 0}, "routes": routes})
 
 
 @contextlib.asynccontextmanager
 async def serve_fake(acceptance: float, vocab_size: int, tokenize: Callable[[str, bool], list[int]],
-                     context_length: int) -> AsyncIterator[str]:
+                     context_length: int, step_seconds: float = 0.0) -> AsyncIterator[str]:
     """The fake SGLang on a loopback port of this thread's loop; yields its URL."""
-    state = FakeState(acceptance, vocab_size, np.random.default_rng(SEED), tokenize, context_length)
+    state = FakeState(acceptance, vocab_size, np.random.default_rng(SEED), tokenize, context_length, step_seconds)
     runner = web.AppRunner(fake_target_app(state), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -205,9 +218,9 @@ def _attribute(owner: object, name: str, value: Any) -> Any:
 
 def request_body(prompt: str, configuration: Configuration, seed: int) -> dict[str, Any]:
     """A streamed completion with the configuration's temperature."""
-    body: dict[str, Any] = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": configuration.max_tokens,
-                            "temperature": configuration.temperature, "stream": True,
-                            "stream_options": {"include_usage": True}, "seed": seed}
+    body: dict[str, Any] = {"model": route_model(configuration.k), "prompt": prompt,
+                            "max_tokens": configuration.max_tokens, "temperature": configuration.temperature,
+                            "stream": True, "stream_options": {"include_usage": True}, "seed": seed}
     if configuration.temperature > 0:
         body["top_k"] = SAMPLED_TOP_K
     return body
@@ -216,9 +229,7 @@ def request_body(prompt: str, configuration: Configuration, seed: int) -> dict[s
 async def _send(session: aiohttp.ClientSession, url: str, prompt: str, configuration: Configuration,
                 seed: int) -> tuple[int, str | None]:
     """One request: (completion tokens, error or None); a passthrough is an error here."""
-    headers = {"X-Speculoos": f"k={configuration.k}"}
-    async with session.post(url + "/v1/completions", json=request_body(prompt, configuration, seed),
-                            headers=headers) as reply:
+    async with session.post(url + "/v1/completions", json=request_body(prompt, configuration, seed)) as reply:
         if reply.status != 200:
             return 0, f"HTTP {reply.status}: {(await reply.text())[:200]}"
         if reply.headers.get("X-Speculoos-Mode") != "speculative":

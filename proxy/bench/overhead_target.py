@@ -1,4 +1,4 @@
-"""`bench overhead`'s target: a stock SGLang that answers at once, in SGLang's shapes, with a chosen acceptance.
+"""`bench overhead`'s target: a stock SGLang in its shapes, with a chosen acceptance, asleep for a GPU's step time.
 
 The shapes are those of the project's fake SGLang for tests (current release: a null entry first at any
 logprob_start_len; tokenize at /v1/tokenize; the context length as /v1/models' max_model_len). It
@@ -11,6 +11,7 @@ copy would. Everything but the choice of tokens is rendered once.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ class FakeState:
     rng: np.random.Generator
     tokenize: Callable[[str, bool], list[int]]
     context_length: int
+    step_seconds: float = 0.0  # a step's wall time, asleep (no CPU): a verification costs one, a plain token one
 
 
 def _other(pool: Sequence[int], avoid: int, rng: np.random.Generator, vocab_size: int) -> int:
@@ -119,8 +121,11 @@ async def _generate(request: web.Request) -> web.Response:
     if body.get("return_logprob"):
         start = body.get("logprob_start_len")
         start = len(ids) - 1 if start in (None, -1) else int(start)
+        await asyncio.sleep(state.step_seconds)
         return web.json_response(verification_answer(ids, start, int(body.get("top_logprobs_num") or 0), state))
-    return web.json_response(plain_answer(ids, int(body["sampling_params"].get("max_new_tokens", 128)), state))
+    n = int(body["sampling_params"].get("max_new_tokens", 128))
+    await asyncio.sleep(state.step_seconds * n)
+    return web.json_response(plain_answer(ids, n, state))
 
 
 async def _tokenize(request: web.Request) -> web.Response:
