@@ -19,6 +19,9 @@ class UpstreamConfig(Section):
     url: str
     protocol: Literal["sglang", "vllm", "openai"] = "sglang"
     api_key: SecretStr | None = Field(default=None, min_length=1)
+    # A client's own key (Authorization, api-key or x-api-key) replaces api_key only where this says so: a
+    # placeholder key some clients must send ("sk-dummy", "EMPTY") would otherwise replace the route's.
+    forward_client_key: bool = False
     model: str | None = Field(default=None, min_length=1)
     # Connections open to it at once (a stream holds one to its end); requests beyond wait up to timeouts.pool.
     connections: int = Field(default=100, ge=1)

@@ -44,7 +44,8 @@ def make_upstream(route: Route, gate: CoreGate | None = None) -> Upstream:
     """The pooled client for a route's upstream (its calls taking turns at the gate, when given)."""
     t = route.timeouts
     return Upstream(route.upstream.url, Timeouts(t.connect, t.first_byte, t.idle, t.pool),
-                    api_key=route.upstream.api_key_value(), connections=route.upstream.connections, gate=gate)
+                    api_key=route.upstream.api_key_value(), connections=route.upstream.connections, gate=gate,
+                    forward_client_key=route.upstream.forward_client_key)
 
 
 def takes_turns(route: Route) -> bool:

@@ -18,6 +18,7 @@ from proxy.server.paths import has_dot_segment, is_api_path
 from proxy.server.runtime import CONFIG
 from proxy.wire.browsers import refuse_foreign, same_origin
 from proxy.wire.errors import Handler
+from proxy.wire.keys import client_key
 
 LIVE_PATHS = frozenset({PAGE_PATH, EVENTS_PATH})  # their own Host rule answers 404 (the page's existence stays unseen)
 HINT = " (server.allowed_hosts and server.allowed_origins list those allowed)"
@@ -63,10 +64,9 @@ async def add_cors_headers(request: web.Request, response: web.StreamResponse) -
 
 
 def tenant(headers: Mapping[str, str]) -> str:
-    """Whose outputs a request may draft from: a digest of the client's API key (never the key), or ANONYMOUS."""
-    authorization = headers.get("Authorization")  # case-insensitive lookup
-    if not authorization:
+    """Whose outputs a request may draft from: a digest of the client's API key in any header a key travels in
+    (never the key), or ANONYMOUS."""
+    key = client_key(headers)
+    if key is None:
         return ANONYMOUS
-    scheme, _, credentials = authorization.strip().partition(" ")
-    key = credentials.strip() if scheme.lower() == "bearer" else authorization.strip()
     return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:32]

@@ -37,6 +37,7 @@ from proxy.targets.base import Target
 from proxy.targets.recording import LogprobRecorder
 from proxy.wire.control import CONTROL_FIELD, RequestControl, request_control
 from proxy.wire.emit import write_generation
+from proxy.wire.keys import key_headers
 from proxy.wire.logprobs import LogprobsWriter
 from proxy.wire.request import CHAT, COMPLETION, GenerationRequest, parse_generation_request, read_json
 from proxy.wire.response import prediction_details
@@ -154,8 +155,7 @@ async def _speculate(request: web.Request, runtime: RouteRuntime, parsed: Genera
                      started: float, request_id: str) -> web.StreamResponse:
     drafter, target, spec = runtime.drafter, runtime.target, runtime.route.speculation
     assert drafter is not None and target is not None  # checked by admission
-    authorization = request.headers.get("Authorization")  # case-insensitive lookup
-    client_headers = {"Authorization": authorization} if authorization else None
+    client_headers = key_headers(request.headers) or None  # the client's key, in whichever header it came
     # Tokenized for the model verified against, and a completion's prompt as parsed (a batch of one unwrapped).
     named = {**parsed.body, "model": _upstream_model(runtime, parsed)}
     if parsed.kind == COMPLETION:

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from proxy.errors import UpstreamError, UpstreamUnavailableError
 from proxy.targets.upstream import Upstream, iter_body
+from proxy.wire.keys import without_keys
 from proxy.wire.response import SSE_DONE, sse_event
 
 # Hop-by-hop headers (RFC 9110 §7.6.1, and the old Proxy-Connection) and those aiohttp sets itself are not forwarded.
@@ -84,7 +85,7 @@ async def forward(request: web.Request, upstream: Upstream, *, body: bytes | Non
                   extra_headers: dict[str, str] | None = None, meter: TokenMeter | None = None) -> web.StreamResponse:
     """Send the request on as it came (or with `body` instead) and stream the answer back."""
     headers = request_headers(request)
-    headers.update(upstream.auth_headers(headers))
+    headers = {**without_keys(headers), **upstream.auth_headers(headers)}
     # Uncompressed: a compressed stream could only be forwarded, metered and framed once it had all arrived.
     headers["Accept-Encoding"] = "identity"
     data = body if body is not None else await request.read()

@@ -29,6 +29,7 @@ from proxy.errors import (
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
+from proxy.wire.keys import key_headers
 
 log = structlog.get_logger("speculoos.upstream")
 
@@ -139,13 +140,14 @@ class Upstream:
 
     def __init__(self, base_url: str, timeouts: Timeouts, *, api_key: str | None = None,
                  connections: int = DEFAULT_CONNECTIONS, gate: CoreGate | None = None,
-                 max_answer_bytes: int = MAX_ANSWER_BYTES) -> None:
+                 max_answer_bytes: int = MAX_ANSWER_BYTES, forward_client_key: bool = False) -> None:
         self.base_url = URL(base_url.rstrip("/"))
         self.gate = gate  # the proxy's own calls take turns with its draft model on shared cores
         self.timeouts = timeouts
         self.connections = connections
         self.max_answer_bytes = max_answer_bytes
         self._api_key = api_key
+        self._forward_client_key = forward_client_key  # a client's key replaces the route's (else: where it has none)
         # total=None: a long stream is healthy while bytes flow; silence is what times out (read_body and
         # iter_body: aiohttp's sock_read would also cut the wait for the head at `idle`). The pool's wait and
         # the head are timed by open().
@@ -156,11 +158,12 @@ class Upstream:
                                              trace_configs=[_trace()])
 
     def auth_headers(self, client_headers: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The client's Authorization if it sent one, else the route's key."""
-        for name, value in (client_headers or {}).items():
-            if name.lower() == "authorization":  # header names are case-insensitive (RFC 9110)
-                return {name: value}
-        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        """The key headers to send: the route's key, unless it has none or forwards the client's (then the key
+        headers the client sent)."""
+        sent = key_headers(client_headers or {})
+        if self._api_key and not (self._forward_client_key and sent):
+            return {"Authorization": f"Bearer {self._api_key}"}
+        return sent
 
     async def open(self, method: str, path: str, *, headers: Mapping[str, str], data: Any = None,
                    params: Any = None, idempotent: bool = False) -> aiohttp.ClientResponse:

@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 
 from proxy.models import fetch as models
-from tests.e2e.proxy_harness import FIRST_BYTE_S, IDLE_S, ROUTE_KEYED, STALLGEN_FIRST_BYTE_S, route, start_routes_proxy
+from tests.e2e.proxy_harness import (
+    FIRST_BYTE_S,
+    FORWARDING,
+    IDLE_S,
+    ROUTE_KEYED,
+    STALLGEN_FIRST_BYTE_S,
+    route,
+    start_routes_proxy,
+)
 from tests.e2e.servers import DRAFT_QWEN, GEMMA, SMOL, TARGET_QWEN, Process, start_proxy, verifier_fixture, write_routes
 from tests.fakes.faulty_upstream import FakeUpstream, create_app
 from tests.fakes.stale_relay import StaleRelay
@@ -123,8 +131,10 @@ def faults(faults_verifier: Process, doomed_verifier: Process, fake: FakeUpstrea
         route("badshape-topn", f"{fake.url}/badshape-topn", draft=SMOL),
         route("drop", f"{fake.url}/drop"),
         route("dropmid", f"{fake.url}/dropmid"),
-        route("keyed", f"{fake.url}/keyed", **ROUTE_KEYED),
-        route("keyed-spec", f"{fake.url}/keyed-spec", draft=SMOL, **ROUTE_KEYED),
+        route("keyed", f"{fake.url}/keyed", **FORWARDING),
+        route("keyed-spec", f"{fake.url}/keyed-spec", draft=SMOL, **FORWARDING),
+        route("route-key", f"{fake.url}/keyed", **ROUTE_KEYED),
+        route("route-key-spec", f"{fake.url}/keyed-spec", draft=SMOL, **ROUTE_KEYED),
         route("public-name", f"{fake.url}/bigctx", draft=SMOL, upstream={"model": "internal-name"}),
     ])
     yield process
@@ -135,8 +145,8 @@ def faults(faults_verifier: Process, doomed_verifier: Process, fake: FakeUpstrea
 def pure_python_proxy(fake: FakeUpstream, log_dir: Path) -> Iterator[Process]:
     """A proxy on aiohttp's pure-Python HTTP parser (used where its C extension is not available),
     which keeps header names as the client spelled them."""
-    routes = [route("keyed", f"{fake.url}/keyed", **ROUTE_KEYED),
-              route("keyed-spec", f"{fake.url}/keyed-spec", draft=SMOL, **ROUTE_KEYED)]
+    routes = [route("keyed", f"{fake.url}/keyed", **FORWARDING),
+              route("keyed-spec", f"{fake.url}/keyed-spec", draft=SMOL, **FORWARDING)]
     process = start_routes_proxy(log_dir / "pure-python.yaml", routes, AIOHTTP_NO_EXTENSIONS="1")
     yield process
     process.stop()

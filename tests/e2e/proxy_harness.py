@@ -22,6 +22,7 @@ CLIENT_KEY = "sk-secret-123"
 ROUTE_KEY_ENV = "SPECULOOS_TEST_ROUTE_KEY"
 ROUTE_KEY = "sk-route-7f3a9c2e-never-logged"
 ROUTE_KEYED = {"upstream": {"api_key": "${env.%s}" % ROUTE_KEY_ENV}}  # route settings: send ROUTE_KEY upstream
+FORWARDING = {"upstream": {**ROUTE_KEYED["upstream"], "forward_client_key": True}}  # ... unless the client sends one
 MAX_BODY = 1024  # the proxy's server.max_body_bytes
 MODE_HEADER = "x-speculoos-mode"
 SPECULATE = {"X-Speculoos": "on"}  # speculate whatever the route's controller would decide

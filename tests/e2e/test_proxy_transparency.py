@@ -66,7 +66,7 @@ def test_route_key_is_sent_but_never_logged(faults: Process, fake: FakeUpstream)
 @pytest.mark.parametrize("header", ["authorization", "AUTHORIZATION"])
 @pytest.mark.parametrize("model", ["keyed", "keyed-spec"], ids=["passthrough", "speculative"])
 @pytest.mark.parametrize("proxy_name", ["faults", "pure_python_proxy"], ids=["c-parser", "pure-python-parser"])
-def test_client_key_in_any_header_case_replaces_the_route_key(request: pytest.FixtureRequest, fake: FakeUpstream,
+def test_client_key_in_any_header_case_replaces_the_route_key_where_the_route_forwards_it(request: pytest.FixtureRequest, fake: FakeUpstream,
                                                                proxy_name: str, header: str, model: str) -> None:
     """HTTP header names are case-insensitive (RFC 9110 §5.1); HTTP/2 and Node clients send them lowercase."""
     proxy: Process = request.getfixturevalue(proxy_name)
@@ -78,6 +78,20 @@ def test_client_key_in_any_header_case_replaces_the_route_key(request: pytest.Fi
     assert upstream_calls
     for call in upstream_calls:
         assert call.authorization == [f"Bearer {CLIENT_KEY}"], call.path
+
+
+@pytest.mark.parametrize("header", ["Authorization", "api-key", "x-api-key"])
+@pytest.mark.parametrize("model", ["route-key", "route-key-spec"], ids=["passthrough", "speculative"])
+def test_a_clients_placeholder_key_never_replaces_the_routes(faults: Process, fake: FakeUpstream, header: str,
+                                                             model: str) -> None:
+    """Clients that must send some key send "sk-dummy" or "EMPTY": the route's own key goes upstream instead."""
+    mode = "keyed-spec" if model.endswith("spec") else "keyed"
+    count = len(fake.seen(mode))
+    value = "Bearer sk-dummy" if header == "Authorization" else "EMPTY"
+    reply = http.post_json(faults.url + CHAT_PATH, chat_body(model), headers={header: value, **SPECULATE}, timeout=60)
+    assert_served(reply, "speculative" if model.endswith("spec") else "passthrough")
+    calls = [s for s in fake.seen(mode)[count:] if s.path in (CHAT_PATH, "/tokenize", GENERATE_PATH)]
+    assert calls and all(call.authorization == [f"Bearer {ROUTE_KEY}"] for call in calls), calls
 
 
 # -- tokenizer mismatch -----------------------------------------------------------------------------

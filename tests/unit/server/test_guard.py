@@ -78,6 +78,9 @@ def test_origin_rules(origin: str | None, host: str, allowed_origins: tuple[str,
     ({"Authorization": "Bearer sk-a"}, hashlib.sha256(b"sk-a").hexdigest()[:32]),
     ({"Authorization": "bearer  sk-a "}, hashlib.sha256(b"sk-a").hexdigest()[:32]),  # the same key
     ({"Authorization": "Basic dXNlcjpwdw=="}, hashlib.sha256(b"Basic dXNlcjpwdw==").hexdigest()[:32]),
+    ({"api-key": "sk-a"}, hashlib.sha256(b"sk-a").hexdigest()[:32]),  # Azure OpenAI's header: the same tenant
+    ({"X-Api-Key": " sk-a"}, hashlib.sha256(b"sk-a").hexdigest()[:32]),  # gateways' header, in any case
+    ({"x-api-key": "sk-b", "Authorization": "Bearer sk-a"}, hashlib.sha256(b"sk-a").hexdigest()[:32]),
 ])
 def test_the_tenant_is_a_digest_of_the_key(headers: dict[str, str], expected: str) -> None:
     assert tenant(headers) == expected
