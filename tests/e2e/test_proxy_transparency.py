@@ -66,8 +66,8 @@ def test_route_key_is_sent_but_never_logged(faults: Process, fake: FakeUpstream)
 @pytest.mark.parametrize("header", ["authorization", "AUTHORIZATION"])
 @pytest.mark.parametrize("model", ["keyed", "keyed-spec"], ids=["passthrough", "speculative"])
 @pytest.mark.parametrize("proxy_name", ["faults", "pure_python_proxy"], ids=["c-parser", "pure-python-parser"])
-def test_client_key_in_any_header_case_replaces_the_route_key_where_the_route_forwards_it(request: pytest.FixtureRequest, fake: FakeUpstream,
-                                                               proxy_name: str, header: str, model: str) -> None:
+def test_client_key_in_any_header_case_replaces_the_route_key_where_the_route_forwards_it(
+        request: pytest.FixtureRequest, fake: FakeUpstream, proxy_name: str, header: str, model: str) -> None:
     """HTTP header names are case-insensitive (RFC 9110 §5.1); HTTP/2 and Node clients send them lowercase."""
     proxy: Process = request.getfixturevalue(proxy_name)
     count = len(fake.seen(model))
