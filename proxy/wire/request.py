@@ -130,12 +130,17 @@ def _prediction(body: dict) -> str | None:
     if prediction.get("type") != PREDICTED_CONTENT:
         return None
     content = prediction.get("content")
-    if isinstance(content, str):
-        return content
     if isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == TEXT_PART
                                          and isinstance(part.get("text"), str) for part in content):
-        return "".join(part["text"] for part in content)
-    raise BadRequestError("'prediction.content' must be a string or a list of text parts", param="prediction")
+        content = "".join(part["text"] for part in content)
+    if not isinstance(content, str):
+        raise BadRequestError("'prediction.content' must be a string or a list of text parts", param="prediction")
+    try:
+        content.encode("utf-8")  # JSON's \ud800 escapes decode to lone surrogates, which no tokenizer reads
+    except UnicodeEncodeError:
+        raise BadRequestError("'prediction.content' is not valid Unicode (a lone surrogate)",
+                              param="prediction") from None
+    return content
 
 
 def parse_generation_request(body: Any, kind: Literal["chat", "completion"]) -> GenerationRequest:
