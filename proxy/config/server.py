@@ -36,6 +36,7 @@ class ServerConfig(Section):
     host: str = Field(default=DEFAULT_HOST, min_length=1)
     port: int = Field(default=8080, ge=0, le=65535)
     max_body_bytes: int = Field(default=8 * MIB, gt=0)
+    max_in_flight: int = Field(default=256, ge=1)  # requests held at once; more are a 503 with Retry-After
     live: bool = False  # GET /speculoos/live: shows prompts and outputs, so off unless asked for
     # The live page's view of every tenant (each API key sees its own requests without it); generated when unset.
     live_token: SecretStr | None = None

@@ -22,6 +22,7 @@ from proxy.models import fetch as models
 from proxy.observability.metrics import Metrics
 from proxy.server import admin, guard, handlers, live
 from proxy.server.cores import MODEL_KINDS, shares_cores
+from proxy.server.in_flight import in_flight_limit
 from proxy.server.runtime import CONFIG, METRICS, RUNTIMES, RouteRuntime
 from proxy.targets.base import Target
 from proxy.targets.sglang import SGLangTarget
@@ -137,7 +138,8 @@ def create_app(config: Config, *, load_drafter: DrafterLoader = LlamaDrafter.loa
                cost_scale: float = 1.0) -> web.Application:
     """The proxy application for a validated config (cost_scale: see open_resources)."""
     # The guard inside the error middleware: its refusals are rendered like every other error.
-    app = web.Application(middlewares=[error_middleware, guard.browser_guard],
+    app = web.Application(middlewares=[error_middleware, in_flight_limit(config.server.max_in_flight),
+                                       guard.browser_guard],
                           client_max_size=config.server.max_body_bytes)
     app.on_response_prepare.append(guard.add_cors_headers)
     app[CONFIG] = config
