@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -21,6 +23,9 @@ from proxy.targets.upstream import Upstream
 
 log = structlog.get_logger("speculoos.route")
 
+PENDING = "tokenizer check pending: upstream unreachable"
+FIRST_BACKOFF_S, MAX_BACKOFF_S = 1.0, 60.0  # after a failed check, none before this long (doubling per failure)
+
 
 @dataclass
 class RouteRuntime:
@@ -35,6 +40,11 @@ class RouteRuntime:
     # Learned from the upstream, at start-up or, if it was unreachable then, on the first request:
     tokenizer: TokenizerVerdict | None = field(default=None, init=False)
     capabilities: object = field(default=None, init=False)
+    clock: Callable[[], float] = time.monotonic
+    # Requests arriving while the upstream is down share one check, and after a failure wait out a backoff.
+    _checking: asyncio.Future | None = field(default=None, init=False, repr=False)
+    _failures: int = field(default=0, init=False)
+    _retry_at: float = field(default=0.0, init=False)
 
     @property
     def name(self) -> str:
@@ -75,13 +85,34 @@ class RouteRuntime:
     async def tokenizer_problem(self) -> str | None:
         """The reason not to speculate on tokenizer grounds (checking now if start-up could not)."""
         if self.tokenizer is None:
+            check = self._check()
+            if check is None:
+                return PENDING  # a check failed a moment ago: not again before the backoff ends
             try:
-                await self.inspect_upstream(calibrate=False)  # timing the costs now would delay this request
+                await asyncio.shield(check)  # a client that leaves does not stop the others' check
             except UpstreamError:
-                return "tokenizer check pending: upstream unreachable"
+                return PENDING
         if self.tokenizer is not None and not self.tokenizer.compatible:
             return f"tokenizer mismatch: {self.tokenizer.reason}"
         return None
+
+    def _check(self) -> asyncio.Future | None:
+        """The check in flight, or a new one; None while a failed one's backoff runs."""
+        if self._checking is None:
+            if self.clock() < self._retry_at:
+                return None
+            self._checking = asyncio.ensure_future(self.inspect_upstream(calibrate=False))  # timing costs would delay
+            self._checking.add_done_callback(self._checked)
+        return self._checking
+
+    def _checked(self, check: asyncio.Future) -> None:
+        """Count a finished check: a failure doubles the wait before the next."""
+        self._checking = None
+        if check.cancelled() or check.exception() is not None:
+            self._failures += 1
+            self._retry_at = self.clock() + min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (self._failures - 1))
+        else:
+            self._failures = 0
 
 
 def calibration_fields(calibration: Calibration) -> dict[str, object]:
