@@ -26,16 +26,16 @@ from proxy.decode.loop import speculative_tokens
 from proxy.decode.session import RequestRandom, Session
 from proxy.drafting.base import Drafter
 from proxy.drafting.prediction import PREDICTION, PredictionDrafter
-from proxy.errors import NotFoundError
+from proxy.errors import BadRequestError, NotFoundError
 from proxy.observability.logs import SwitchLog
 from proxy.observability.metrics import RouteMetrics
 from proxy.observability.request_stats import RequestStats
 from proxy.server import guard, live, paths
-from proxy.server.passthrough import forward
+from proxy.server.passthrough import forward, upstream_body
 from proxy.server.runtime import CONFIG, METRICS, RUNTIMES, RouteRuntime
 from proxy.targets.base import Target
 from proxy.targets.recording import LogprobRecorder
-from proxy.wire.control import CONTROL_FIELD, RequestControl, request_control
+from proxy.wire.control import RequestControl, request_control
 from proxy.wire.emit import write_generation
 from proxy.wire.keys import key_headers
 from proxy.wire.logprobs import LogprobsWriter
@@ -73,21 +73,19 @@ async def _admit(runtime: RouteRuntime, parsed: GenerationRequest, control: Requ
     return None if speculate else f"controller: {why}"
 
 
-def _upstream_body(raw: bytes, body: dict, runtime: RouteRuntime) -> bytes:
-    """The body to forward: unchanged unless the route renames the model or the client sent our field."""
-    if runtime.route.upstream.model is None and CONTROL_FIELD not in body:
-        return raw
-    forwarded = {k: v for k, v in body.items() if k != CONTROL_FIELD}
-    if runtime.route.upstream.model is not None:
-        forwarded["model"] = runtime.route.upstream.model
-    return json.dumps(forwarded).encode()
-
-
 async def _generation(request: web.Request, kind: str) -> web.StreamResponse:
     started = time.perf_counter()
     body = await read_json(request)
-    parsed = parse_generation_request(body, kind)  # type: ignore[arg-type]
     control = request_control(request.headers, body)
+    try:
+        parsed = parse_generation_request(body, kind)  # type: ignore[arg-type]
+    except BadRequestError:
+        runtime = runtime_for(request, body.get("model") if isinstance(body.get("model"), str) else None)
+        if not (control.off or not runtime.speculates or not runtime.route.speculation.enabled):
+            raise
+        # It would go to the server untouched anyway: the server judges its fields, as without the proxy.
+        return await forward(request, runtime.upstream, body=upstream_body(await request.read(), body, runtime.route),
+                             extra_headers={MODE_HEADER: PASSTHROUGH})
     runtime = runtime_for(request, parsed.model)
     request_id = uuid.uuid4().hex[:12]
     structlog.contextvars.bind_contextvars(request_id=request_id, route=runtime.name)
@@ -95,7 +93,7 @@ async def _generation(request: web.Request, kind: str) -> web.StreamResponse:
     summary: dict[str, Any] = {"kind": kind, "stream": parsed.stream}
     try:
         reason = await _admit(runtime, parsed, control)
-        forwarded = _upstream_body(await request.read(), body, runtime)
+        forwarded = upstream_body(await request.read(), body, runtime.route)
         if reason is None:
             summary["mode"] = SPECULATIVE
             response = await _speculate(request, runtime, parsed, control, forwarded, summary, started, request_id)

@@ -16,8 +16,10 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
+from proxy.config.schema import Route
 from proxy.errors import UpstreamError, UpstreamUnavailableError
 from proxy.targets.upstream import Upstream, iter_body
+from proxy.wire.control import CONTROL_FIELD
 from proxy.wire.keys import without_keys
 from proxy.wire.response import SSE_DONE, sse_event
 
@@ -79,6 +81,16 @@ def split_events(data: bytes) -> tuple[list[bytes], bytes]:
     splitter = EventSplitter()
     events = splitter.feed(data)
     return events, bytes(splitter.pending)
+
+
+def upstream_body(raw: bytes, body: dict, route: Route) -> bytes:
+    """The body to forward: unchanged unless the route renames the model or the client sent our field."""
+    if route.upstream.model is None and CONTROL_FIELD not in body:
+        return raw
+    forwarded = {k: v for k, v in body.items() if k != CONTROL_FIELD}
+    if route.upstream.model is not None:
+        forwarded["model"] = route.upstream.model
+    return json.dumps(forwarded).encode()
 
 
 async def forward(request: web.Request, upstream: Upstream, *, body: bytes | None = None,
