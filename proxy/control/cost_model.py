@@ -61,27 +61,50 @@ def sequential_rate(alpha: float, k: float, draft_per_token: float, verify: floa
 
 
 def verify_from_measured(measured: Mapping[int, float], k: float, *, floor: float = MIN_VERIFY_SECONDS) -> float | None:
-    """Verification time for k drafts from the times measured by K (None: nothing measured), in their unit.
+    """Verification time for k drafts from the times measured by K (None: nothing measured), in their unit."""
+    return MeasuredVerify(measured, floor=floor)(k)
+
+
+class MeasuredVerify:
+    """Verification times by K from the times measured by K; the line beyond them is fitted once for every K asked.
 
     The line through all measured K is used only beyond them: a CPU's cost is not one line (long
     drafts cost less per token than short ones), and one slow outlier K must not skew its neighbours.
     """
-    if k in measured:
-        return measured[k]  # type: ignore[index]
-    if not measured:
-        return None
-    below, above = [kk for kk in measured if kk < k], [kk for kk in measured if kk > k]
-    if below and above:
-        low, high = max(below), min(above)
-        return float(np.interp(k, [low, high], [measured[low], measured[high]]))
-    if len(measured) == 1:
-        # One point cannot tell a flat GPU from a steep CPU: assume cost grows with the tokens
-        # evaluated (k + 1), the cautious guess; exploring a neighbour refines it.
-        (known_k, known_t), = measured.items()
-        return known_t * (k + 1) / (known_k + 1)
-    ks = np.array(list(measured), dtype=float)
-    slope, intercept = np.polyfit(ks, np.array(list(measured.values())), 1)
-    return max(float(intercept + slope * k), floor)
+
+    def __init__(self, measured: Mapping[int, float], *, floor: float = MIN_VERIFY_SECONDS) -> None:
+        self.measured = dict(measured)
+        self.floor = floor
+        self._line: np.ndarray | None = None  # [slope, intercept] through every measured K, once fitted
+        self._answers: dict[float, float | None] = {}
+
+    def __call__(self, k: float) -> float | None:
+        """Verification time for k drafts (None: nothing measured)."""
+        if k not in self._answers:
+            self._answers[k] = self._answer(k)
+        return self._answers[k]
+
+    def _answer(self, k: float) -> float | None:
+        """What __call__ returns, computed."""
+        measured = self.measured
+        if k in measured:
+            return measured[k]  # type: ignore[index]
+        if not measured:
+            return None
+        below, above = [kk for kk in measured if kk < k], [kk for kk in measured if kk > k]
+        if below and above:
+            low, high = max(below), min(above)
+            return float(np.interp(k, [low, high], [measured[low], measured[high]]))
+        if len(measured) == 1:
+            # One point cannot tell a flat GPU from a steep CPU: assume cost grows with the tokens
+            # evaluated (k + 1), the cautious guess; exploring a neighbour refines it.
+            (known_k, known_t), = measured.items()
+            return known_t * (k + 1) / (known_k + 1)
+        if self._line is None:
+            ks = np.array(list(measured), dtype=float)
+            self._line = np.polyfit(ks, np.array(list(measured.values())), 1)
+        slope, intercept = self._line
+        return max(float(intercept + slope * k), self.floor)
 
 
 def at_context(verify: float, slope: float, context: int, typical: float) -> float:

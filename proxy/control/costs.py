@@ -21,7 +21,7 @@ from proxy.config.section import MAX_K
 from proxy.config.speculation import AssumedCostsConfig
 from proxy.control import cost_model
 from proxy.control.acceptance import UNMEASURED_ALPHA, draft_ahead_hit, read_windows, survival
-from proxy.control.cost_model import CostModel, at_context, fit_context_slope, verify_from_measured
+from proxy.control.cost_model import CostModel, MeasuredVerify, at_context, fit_context_slope
 from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent, path_after_lead
 from proxy.drafting.base import MODEL_SOURCE
 
@@ -81,7 +81,9 @@ class RouteCosts:
     model_round_tokens: Ewma = field(init=False)
     model_round_ceiling: Ewma = field(init=False)  # ... and the tokens they would have emitted accepting every draft
     recent: deque[tuple[int, int, float]] = field(init=False)  # (k, context, seconds) of recent verifications
-    context_slope: float = field(init=False)  # seconds a verification gains per token of context, refitted per round
+    _slope: float | None = field(init=False)  # context_slope as last fitted (None: the window changed since)
+    # verify_time's answers without a context, for the measured times they came from: a decision asks for every K
+    _verify: tuple[tuple[tuple[int, float], ...], MeasuredVerify] = field(init=False)
 
     def __post_init__(self) -> None:
         self.alpha = Ewma(self.weight)
@@ -98,7 +100,8 @@ class RouteCosts:
         self.model_round_tokens = Ewma(self.weight)
         self.model_round_ceiling = Ewma(self.weight)
         self.recent = deque(maxlen=RECENT_VERIFICATIONS)
-        self.context_slope = 0.0
+        self._slope = 0.0
+        self._verify = ((), MeasuredVerify({}))
 
     def observe(self, event: Event) -> None:
         """Fold in a speculative generation's round or plain chunk."""
@@ -147,7 +150,14 @@ class RouteCosts:
         self.verify_by_k.setdefault(k, Ewma(self.weight)).add(verify_seconds)
         self.context_by_k.setdefault(k, Ewma(self.weight)).add(context)
         self.recent.append((k, context, verify_seconds))
-        self.context_slope = fit_context_slope(self.recent)  # once per round, not once per K the policy weighs
+        self._slope = None  # refitted when next asked for: a route's own decision never moves times along context
+
+    @property
+    def context_slope(self) -> float:
+        """Seconds a verification gains per token of context, fitted over the recent verifications."""
+        if self._slope is None:
+            self._slope = fit_context_slope(self.recent)
+        return self._slope
 
     def seed(self, calibration: Calibration) -> None:
         """Start-up timings, folded in as a request's would be (each weighs as one observation); α stays unmeasured."""
@@ -184,7 +194,10 @@ class RouteCosts:
 
     def verify_time(self, k: int, context: int | None = None) -> float | None:
         """Predicted verification time for k drafts (after `context` tokens, when given)."""
-        base = verify_from_measured({kk: e.value for kk, e in self.verify_by_k.items() if e.value is not None}, k)
+        measured = tuple((kk, e.value) for kk, e in self.verify_by_k.items() if e.value is not None)
+        if measured != self._verify[0]:  # the same times give the same answers: fit beyond them once, not per K
+            self._verify = (measured, MeasuredVerify(dict(measured)))
+        base = self._verify[1](k)
         if base is None or context is None:
             return base
         seen = self.context_by_k.get(k)
@@ -210,8 +223,10 @@ class RouteCosts:
         Acceptance is the given survival curve, else α per position if α is given, else the route's
         measured curve; pipelining is as the route does unless given.
         """
+        if self.draft_per_token.value is None:  # before verify_time: no rate either way, and no fit to make
+            return None
         verify = self.verify_time(k, context)
-        if verify is None or self.draft_per_token.value is None:
+        if verify is None:
             return None
         curve = list(curve)[:k] if curve is not None else self.survival(k, alpha)
         pipelined = self.pipelined if pipelined is None else pipelined

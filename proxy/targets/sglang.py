@@ -16,7 +16,7 @@ import numpy as np
 
 from proxy.drafting.base import Draft
 from proxy.errors import UpstreamUnavailableError
-from proxy.sampling.processors import GREEDY_TEMPERATURE_EPS, SamplerOrder, SamplingParams
+from proxy.sampling.processors import GREEDY_TEMPERATURE_EPS, SamplerOrder, SamplingParams, draft_support_ids
 from proxy.sampling.rejection import KnownSupport
 from proxy.targets import checks
 from proxy.targets.base import PositionLogprobs, ScorePlan, Scores, Verification
@@ -203,7 +203,7 @@ class SGLangTarget:
     async def _score_support(self, context: list[int], draft: Draft, plan: ScorePlan) -> Scores:
         """The draft-support extension: the target's probabilities on every draft candidate, and one
         target token drawn outside them, per position."""
-        support_ids = [np.flatnonzero(row).tolist() for row in draft.probs]
+        support_ids = [ids.tolist() for ids in draft_support_ids(draft.probs, draft.tokens)]
         body = {
             "input_ids": context + list(draft.tokens),
             "sampling_params": sampling_body(plan.params, 1, plan.seed),

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from proxy.errors import UpstreamUnavailableError
-from proxy.sampling.processors import SamplerOrder, SamplingParams, processed_probs
+from proxy.sampling.processors import SamplerOrder, SamplingParams, draft_support_ids, processed_probs
 from proxy.sampling.rejection import KnownSupport
 from proxy.targets.base import Verification
 
@@ -80,11 +80,12 @@ def support_from_top_n(verification: Verification, draft_tokens: tuple[int, ...]
                                        f"for {k} drafts and the bonus")
     rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # ids, target probs, draft probs per position
     worst = 0.0
+    draft_support = draft_support_ids(draft_probs[:k], draft_tokens)
     for position, scored in enumerate(verification.positions):
         known = dict(zip(scored.top_ids.tolist(), scored.top_logprobs.tolist()))
         if scored.token_id is not None and scored.token_logprob is not None:
             known.setdefault(scored.token_id, scored.token_logprob)
-        draft_ids = np.flatnonzero(draft_probs[position]) if position < k else np.array([], dtype=np.int64)
+        draft_ids = draft_support[position] if position < k else np.array([], dtype=np.int64)
         # ascending: argmax ties -> lower id
         ids = np.array(sorted(set(known) | set(draft_ids.tolist())), dtype=np.int64)
         logprobs = np.array([known.get(i, -math.inf) for i in ids.tolist()])
