@@ -40,7 +40,7 @@ from proxy.drafting.base import MODEL_SOURCE, Draft, Drafter, DraftPlan
 from proxy.sampling.candidates import verify_candidates
 from proxy.sampling.processors import one_hot
 from proxy.sampling.rejection import verify_on_support
-from proxy.targets.base import Target
+from proxy.targets.base import ScorePlan, Scores, Target
 
 START_CHUNK = 4  # plain tokens per target call while the draft model reads the prompt
 FIRST_CHUNK = 1  # the call that pays the prompt's prefill: its token goes to the client as soon as the server's would
@@ -203,11 +203,11 @@ class _Rounds:
         """Verify the draft (drafting the next round ahead meanwhile), publish the round, and return what it emits."""
         session, drafted_at = self.session, time.perf_counter()
         verification = asyncio.ensure_future(_verify(session, self.target, self.context, draft))
-        self.ahead = _draft_ahead(session, self.drafter, self.context, draft, remaining, decision)
-        try:
+        try:  # from its start: whatever ends the round early (a client gone, a failed draft-ahead) stops it too
+            self.ahead = _draft_ahead(session, self.drafter, self.context, draft, remaining, decision)
             emitted, accepted, followed, tv_bound = await verification
         finally:
-            verification.cancel()  # a client gone while waiting stops the verification too
+            verification.cancel()
         emitted = _until_end(emitted[:remaining], self.is_end)
         hit = None
         if self.ahead is not None:
@@ -270,9 +270,22 @@ async def _verify(session: Session, target: Target, context: list[int],
     vocab = draft.probs.shape[1]
     path_drafts = [draft, *(Draft(path, one_hot(path, vocab), draft.source) for path in draft.alternatives)]
     plans = [session.score_plan() for _ in paths]  # drawn in order, so a seeded request's seeds do not depend on timing
-    scored = await asyncio.gather(*(target.score(context, d, plan) for d, plan in zip(path_drafts, plans, strict=True)))
+    scored = await _score_all(target, context, path_drafts, plans)
     tree = verify_candidates(paths, [s.support for s in scored], session.random.accept)
     return tree.emitted, tree.accepted, paths[tree.candidate], max(s.tv_bound for s in scored)
+
+
+async def _score_all(target: Target, context: list[int], drafts: list[Draft], plans: list[ScorePlan]) -> list[Scores]:
+    """Score the paths at once; when one fails (or the round is cancelled), the others are cancelled and awaited."""
+    scoring = [asyncio.ensure_future(target.score(context, d, plan)) for d, plan in zip(drafts, plans, strict=True)]
+    try:
+        return await asyncio.gather(*scoring)
+    finally:
+        # gather leaves the others running when one fails: their answers would be for nobody.
+        if pending := [task for task in scoring if not task.done()]:
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending)
 
 
 def _until_end(tokens: tuple[int, ...], is_end: Callable[[int], bool]) -> tuple[int, ...]:

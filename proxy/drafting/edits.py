@@ -15,8 +15,19 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from proxy.drafting.suffix import MAX_MATCH, match_lengths
+
 MIN_ANCHOR = 2  # matching tokens on each side of a replacement for it to count as a change
 MAX_REMOVED, MAX_INSERTED = 8, 16  # longer replacements are rewrites, not changes that repeat
+# The alignment runs every round, on the event loop, in pure Python, at a cost that grows with both lengths:
+# the output's latest tokens are aligned with the stretch of the prompt they copy (with room for what they left
+# out), which bounds a round's alignment (tens of milliseconds at most) however long the prompt and the output.
+# A change the output made before them is forgotten; one that repeats is made again within them.
+MAX_ALIGNED_OUTPUT = 2048
+MAX_ALIGNED_PROMPT = 4 * MAX_ALIGNED_OUTPUT
+PROBES = 4  # places in the aligned output whose match in a longer prompt says which stretch it copies
 
 
 @dataclass(frozen=True)
@@ -29,6 +40,8 @@ class Edit:
 
 def learn_edits(prompt: Sequence[int], output: Sequence[int]) -> list[Edit]:
     """The output's finished replacements of prompt text (one per removed text, the latest), longest removed first."""
+    output = output[-MAX_ALIGNED_OUTPUT:]
+    prompt = _copied_stretch(prompt, output)
     # difflib's junk heuristic (tokens frequent in a long output, such as indentation, only extend a
     # match) keeps this to milliseconds for thousands of tokens, where an exhaustive alignment takes tenths.
     matcher = difflib.SequenceMatcher(None, list(prompt), list(output))
@@ -40,6 +53,22 @@ def learn_edits(prompt: Sequence[int], output: Sequence[int]) -> list[Edit]:
         if tag == "replace" and anchored and p1 - p0 <= MAX_REMOVED and o1 - o0 <= MAX_INSERTED:
             latest[tuple(prompt[p0:p1])] = tuple(output[o0:o1])
     return sorted((Edit(removed, inserted) for removed, inserted in latest.items()), key=lambda e: -len(e.removed))
+
+
+def _copied_stretch(prompt: Sequence[int], output: Sequence[int]) -> Sequence[int]:
+    """The MAX_ALIGNED_PROMPT prompt tokens centred on the stretch the output copies (all of a shorter prompt)."""
+    if len(prompt) <= MAX_ALIGNED_PROMPT:
+        return prompt
+    corpus = np.asarray(prompt, dtype=np.int64)
+    longest, offset = 0, len(prompt) - len(output)  # prompt position minus output position (no match: the end)
+    for end in sorted({len(output) * probe // PROBES for probe in range(1, PROBES + 1)} - {0}):
+        ends, lengths = match_lengths(corpus, np.asarray(output[max(0, end - MAX_MATCH):end], dtype=np.int64),
+                                      MAX_MATCH)
+        if lengths.size and lengths.max() >= longest:  # the longest match wins, the latest among equals
+            longest = int(lengths.max())
+            offset = int(ends[np.flatnonzero(lengths == longest)[-1]]) - (end - 1)
+    start = min(max(0, offset + len(output) // 2 - MAX_ALIGNED_PROMPT // 2), len(prompt) - MAX_ALIGNED_PROMPT)
+    return prompt[start:start + MAX_ALIGNED_PROMPT]
 
 
 def _replace_all(tokens: Sequence[int], pairs: Sequence[tuple[tuple[int, ...], tuple[int, ...]]]

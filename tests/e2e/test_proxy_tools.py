@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 
+from tests.e2e.proxy_harness import log_events
 from tests.e2e.servers import Process
 from tests.e2e.tool_calls import CASES, MAX_TOKENS, OFF, ON, TOOLS, answer
 
@@ -61,7 +62,8 @@ def test_a_template_without_tool_calls_passes_through(smol_proxy: Process) -> No
     raw = client.chat.completions.with_raw_response.create(model="test", messages=CASES["one call"], tools=TOOLS,
                                                            max_tokens=8, temperature=0)
     assert raw.headers["x-speculoos-mode"] == "passthrough"
-    assert "without a <tool_call> format" in smol_proxy.log()
+    # The request's log line follows its response: wait for it.
+    assert log_events(smol_proxy, lambda event: "without a <tool_call> format" in str(event.get("reason")), 1)
 
 
 @pytest.mark.slow

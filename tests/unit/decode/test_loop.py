@@ -5,6 +5,8 @@ Each test runs against SGLang and vLLM (tests/fakes/), unless it is about one pr
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from proxy.control.policy import PinnedPolicy
@@ -13,9 +15,10 @@ from proxy.decode.events import PlainEvent, SwitchEvent
 from proxy.decode.loop import FIRST_CHUNK
 from proxy.decode.plain import PLAIN_CHUNK
 from proxy.drafting.base import Draft
+from proxy.errors import UpstreamError
 from proxy.sampling.processors import SamplingParams, one_hot
 from tests.fakes.drafter import ScriptedDrafter
-from tests.fakes.toy_model import END, ToyModel
+from tests.fakes.toy_model import END, ToyModel, ToyVocabulary
 from tests.unit.decode.harness import PROMPT, Served, SwitchAfter, follow, rounds, run
 
 
@@ -177,3 +180,80 @@ async def test_a_plain_chunk_to_measure_the_plain_rate_does_not_end_speculation(
     kinds = [type(e).__name__ for e in events]
     assert kinds[:3] == ["RoundEvent", "PlainEvent", "RoundEvent"] and "SwitchEvent" not in kinds
     assert len(events[1].tokens) == PLAIN_CHUNK and not events[1].lookup_missed
+
+
+class StalledPaths:
+    """The served target, except that a verification of a path beginning with a token of `failing` fails at once and
+    every other one never answers; those left running and those cancelled are counted."""
+
+    def __init__(self, served: Served, failing: frozenset[int] = frozenset()) -> None:
+        self._served, self._failing = served, failing
+        self.order = served.target.order
+        self.running = self.cancelled = 0
+
+    async def score(self, context, draft, plan):
+        if draft.tokens[0] in self._failing:
+            raise UpstreamError("the upstream failed this path")
+        self.running += 1
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.running -= 1
+
+    def __getattr__(self, name):
+        return getattr(self._served.target, name)
+
+
+async def settled() -> None:
+    """Let every task that was woken or cancelled take its next step."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("protocol", ["sglang"])
+@pytest.mark.parametrize("failing", ["the draft", "the other path"])
+async def test_a_failing_path_cancels_the_verification_of_the_other(served: Served, failing: str) -> None:
+    right = served.model.greedy(PROMPT, 1)[0]
+    wrong = (right + 1) % ToyVocabulary().n_vocab  # TwoPaths' draft; `right` begins its other path
+    target = StalledPaths(served, frozenset({wrong if failing == "the draft" else right}))
+    with pytest.raises(UpstreamError):
+        await asyncio.wait_for(run(served, TwoPaths(served.model), 12, k=3, target=target), 5)
+    await settled()
+    assert (target.running, target.cancelled) == (0, 1)  # no verification goes on for nobody
+
+
+@pytest.mark.parametrize("protocol", ["sglang"])
+async def test_a_client_gone_cancels_the_verification_of_every_path(served: Served) -> None:
+    target = StalledPaths(served)
+    generation = asyncio.ensure_future(run(served, TwoPaths(served.model), 12, k=3, target=target))
+    while target.running < 2:
+        await asyncio.sleep(0)
+    generation.cancel()  # what the server does to a handler whose client hung up
+    with pytest.raises(asyncio.CancelledError):
+        await generation
+    await settled()
+    assert (target.running, target.cancelled) == (0, 2)
+
+
+class AheadRefused(ScriptedDrafter):
+    """Drafts the target's greedy continuation; a draft-ahead fails as it starts, before anything is awaited."""
+
+    def __init__(self, model: ToyModel) -> None:
+        super().__init__(follow(model).script)
+
+    def propose(self, context, plan):  # not async: the failure comes from the call itself
+        if plan.k == 1 and len(context) > len(PROMPT):  # the draft-ahead's guess of the target's next token
+            raise RuntimeError("no draft-ahead")
+        return super().propose(context, plan)
+
+
+@pytest.mark.parametrize("protocol", ["sglang"])
+async def test_a_round_that_fails_after_its_verification_started_cancels_it(served: Served) -> None:
+    target = StalledPaths(served)
+    with pytest.raises(RuntimeError, match="no draft-ahead"):
+        await asyncio.wait_for(run(served, AheadRefused(served.model), 20, k=4, pipeline=True, target=target), 5)
+    await settled()
+    assert target.running == 0

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
+import random
+from types import SimpleNamespace
+
+import pytest
+
 from proxy.drafting.edits import Edit, in_prompt_words, learn_edits, replay
 from proxy.drafting.lookup import SuffixDrafter
 from proxy.drafting.suffix import LookupSettings
@@ -58,3 +64,74 @@ async def test_a_path_through_the_prompt_makes_the_outputs_change_again() -> Non
 async def test_without_a_change_the_path_copies_the_prompt() -> None:
     copy = PROMPT[3:9]  # the same six tokens, unchanged
     assert (await propose(copy))[:10] == tuple(PROMPT[9:])
+
+
+# -- long prompts and outputs: the alignment is bounded, the changes are still learned ---------------
+
+FILE_OLD, FILE_NEW = 7, (8, 9)  # a name in a long file, renamed; the file's other tokens are 100..999
+
+
+def long_file(length: int) -> list[int]:
+    """A file of distinct-looking lines that uses the name about every 50 tokens."""
+    rng = random.Random(length)
+    return [FILE_OLD if at % 50 == 25 else rng.randrange(100, 1000) for at in range(length)]
+
+
+def renamed(file: list[int]) -> list[int]:
+    return [new for token in file for new in (FILE_NEW if token == FILE_OLD else (token,))]
+
+
+def prompt_around(file: list[int], filler: int, where: str) -> list[int]:
+    """The file with `filler` other tokens (instructions, other files) before it, after it, or both."""
+    rng = random.Random(filler)
+    other = [rng.randrange(1000, 50_000) for _ in range(filler)]
+    at = {"first": 0, "in the middle": filler // 2, "last": filler}[where]
+    return [*other[:at], *file, *other[at:]]
+
+
+@pytest.fixture
+def aligned(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """(prompt tokens, output tokens) of every alignment made."""
+    sizes: list[tuple[int, int]] = []
+
+    class Recorded(difflib.SequenceMatcher):
+        def __init__(self, isjunk, a, b, *args) -> None:
+            sizes.append((len(a), len(b)))
+            super().__init__(isjunk, a, b, *args)
+
+    monkeypatch.setattr(difflib, "SequenceMatcher", Recorded)
+    return sizes
+
+
+@pytest.mark.parametrize("where", ["first", "in the middle", "last"])
+@pytest.mark.parametrize(("file_length", "written"), [(1_000, 400), (6_000, 3_000), (12_000, 9_000)])
+def test_the_work_of_learning_changes_does_not_grow_with_the_prompt(aligned: list, where: str, file_length: int,
+                                                                     written: int) -> None:
+    file = long_file(file_length)
+    output = renamed(file)[:written]
+    for filler in (20_000, 40_000):
+        assert learn_edits(prompt_around(file, filler, where), output) == [Edit((FILE_OLD,), FILE_NEW)]
+    assert aligned[0] == aligned[1]  # the same alignment, whatever else the prompt holds
+
+
+@pytest.mark.parametrize("inside_a_change", [False, True], ids=["after a copied token", "inside a change"])
+def test_a_long_output_is_aligned_by_its_latest_tokens(aligned: list, inside_a_change: bool) -> None:
+    file = long_file(16_000)
+    for written in (6_000, 12_000):
+        output = renamed(file)[:written]
+        if inside_a_change:  # the output ends halfway through the name's new spelling
+            output = output[:len(output) - output[::-1].index(FILE_NEW[0])]
+        assert learn_edits(file, output) == [Edit((FILE_OLD,), FILE_NEW)]
+    assert aligned[0] == aligned[1]
+
+
+async def test_a_path_through_a_long_prompt_makes_the_outputs_change_again() -> None:
+    file = long_file(2_000)
+    prompt = prompt_around(file, 30_000, "in the middle")
+    tokenizer = ScriptedDrafter(lambda context, k: [])
+    tokenizer.vocabulary = SimpleNamespace(n_vocab=50_000)
+    drafter = SuffixDrafter(tokenizer, LookupSettings(factor=8.0))
+    drafter.reserve("r", prompt)
+    output = renamed(file)[:1_010]  # the copy stands a few tokens before the next use of the name
+    expected = renamed(file)[1_010:1_026]
+    assert (await drafter.propose(prompt + output, plan(k=16))).tokens == tuple(expected)

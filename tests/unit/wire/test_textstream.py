@@ -239,3 +239,39 @@ def test_deltas_are_the_text_up_to_the_first_stop(case: tuple[str, list[list[byt
     assert result.stream.text == expected
     assert result.stream.finish_reason == (STOP if any(s in text for s in stops) else LENGTH)
     assert "\ufffd" not in result.joined or "\ufffd" in text
+
+
+# -- work: each character pushed is looked at a bounded number of times ---------------------------
+
+
+class ReadStop(str):
+    """A stop string that counts the characters read through it (the stream reads its stops only by their
+    methods: slicing, indexing, startswith)."""
+
+    read = 0
+
+    def __getitem__(self, key: int | slice) -> str:
+        part = super().__getitem__(key)
+        ReadStop.read += len(part)
+        return part
+
+    def startswith(self, prefix: str | tuple[str, ...], *bounds: int | None) -> bool:
+        ReadStop.read += sum(map(len, prefix)) if isinstance(prefix, tuple) else len(prefix)
+        return super().startswith(prefix, *bounds)
+
+
+LONG = 3000  # characters of the stop string below
+
+
+@pytest.mark.parametrize("rounds", [
+    pytest.param([[b"a" * (LONG - 1) + b"b"]], id="a long near-match in one token"),
+    pytest.param([[b"a" * (LONG - 1)], [b"b"]] * 3, id="a long near-match held, then released, thrice"),
+    pytest.param([[b"a"] * (LONG - 1) + [b"b"]], id="a long near-match token by token"),
+])
+def test_stop_strings_cost_what_the_text_is_long(rounds: list[list[bytes]]) -> None:
+    ReadStop.read = 0
+    stop = ReadStop("a" * LONG + "!")
+    result = run(rounds, stop=[stop])
+    pushed = sum(len(piece) for pieces in rounds for piece in pieces)
+    assert result.joined == "".join(piece.decode() for pieces in rounds for piece in pieces)
+    assert ReadStop.read <= 8 * (pushed + len(stop))  # linear: a quadratic rescan reads millions

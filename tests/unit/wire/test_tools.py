@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.errors import BadRequestError
+from proxy.wire import tools
 from proxy.wire.tools import (
     ToolCallStream,
     format_problem,
@@ -242,3 +244,37 @@ def test_request_tools_refuses_what_is_not_a_list_of_objects(tools: Any) -> None
 def test_a_prompt_without_the_hermes_format_is_a_problem() -> None:
     assert format_problem("<|im_start|>system\n...<tool_call>\n{...}\n</tool_call><|im_end|>") is None
     assert "<tool_call>" in (format_problem("<|im_start|>system\nYou are a helpful assistant.") or "")
+
+
+def lines_run(module_file: str, work) -> int:
+    """How many lines of the module's code ran during work(): its work, counted in Python steps."""
+    count = 0
+
+    def local(frame, event, arg):
+        nonlocal count
+        count += event == "line"
+        return local
+
+    def calls(frame, event, arg):
+        return local if frame.f_code.co_filename == module_file else None
+
+    sys.settrace(calls)
+    try:
+        work()
+    finally:
+        sys.settrace(None)
+    return count
+
+
+LONG_ARGUMENTS = json.dumps({"path": "a.py", "content": "x = {'a': [1, 2]}\n" * 120})  # about 2,500 characters
+
+
+@pytest.mark.parametrize("piece", [4, 16])
+def test_a_long_call_streams_in_steps_that_grow_with_its_length_not_its_square(piece: int) -> None:
+    text = f'Sure.\n<tool_call>\n{{"name": "write_file", "arguments": {LONG_ARGUMENTS}}}\n</tool_call>'
+    pieces = [text[at:at + piece] for at in range(0, len(text), piece)]
+    results: list = []
+    steps = lines_run(tools.__file__, lambda: results.append(stream_all(pieces)))
+    content, calls, reason, _ = results[0]
+    assert (content, calls[0]["arguments"], reason) == ("Sure.\n", LONG_ARGUMENTS, "tool_calls")
+    assert steps <= 40 * len(text)  # about 20: rescanning the whole text on every push takes 300 to 1,200
