@@ -1,10 +1,9 @@
 """Chat and completions: parse -> admit -> run the session -> emit; the paths listed in paths.py pass through.
 
-Each generation request is routed, then served in one of two modes:
-- speculative: prompt ids from the upstream's /tokenize, rounds of draft + verify, emitted here
-  (and continued by plain decoding on the target if speculation stops paying mid-stream);
+Each generation request is routed, then served in one of two modes (one structured log event says which, and why):
+- speculative: prompt ids from the upstream's /tokenize, rounds of draft + verify, emitted here (and continued by
+  plain decoding on the target if speculation stops paying mid-stream);
 - passthrough: the original request forwarded untouched.
-One structured log event per request says which, and why.
 """
 
 from __future__ import annotations
@@ -73,19 +72,27 @@ async def _admit(runtime: RouteRuntime, parsed: GenerationRequest, control: Requ
     return None if speculate else f"controller: {why}"
 
 
+def _untouched(request: web.Request, body: Any) -> RouteRuntime | None:
+    """The route that would forward this body untouched, so that the server judges its fields; else None."""
+    if not (isinstance(body, dict) and isinstance(body.get("model"), str)) or (
+            route := request.app[CONFIG].match(body["model"], request.path)) is None:
+        return None
+    runtime = request.app[RUNTIMES][route.name]
+    speculates = runtime.speculates and route.speculation.enabled
+    return runtime if not speculates or request_control(request.headers, body).off else None
+
+
 async def _generation(request: web.Request, kind: str) -> web.StreamResponse:
     started = time.perf_counter()
     body = await read_json(request)
-    control = request_control(request.headers, body)
     try:
         parsed = parse_generation_request(body, kind)  # type: ignore[arg-type]
     except BadRequestError:
-        runtime = runtime_for(request, body.get("model") if isinstance(body.get("model"), str) else None)
-        if not (control.off or not runtime.speculates or not runtime.route.speculation.enabled):
+        if (untouched := _untouched(request, body)) is None:
             raise
-        # It would go to the server untouched anyway: the server judges its fields, as without the proxy.
-        return await forward(request, runtime.upstream, body=upstream_body(await request.read(), body, runtime.route),
-                             extra_headers={MODE_HEADER: PASSTHROUGH})
+        forwarded = upstream_body(await request.read(), body, untouched.route)
+        return await forward(request, untouched.upstream, body=forwarded, extra_headers={MODE_HEADER: PASSTHROUGH})
+    control = request_control(request.headers, body)
     runtime = runtime_for(request, parsed.model)
     request_id = uuid.uuid4().hex[:12]
     structlog.contextvars.bind_contextvars(request_id=request_id, route=runtime.name)
