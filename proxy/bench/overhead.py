@@ -1,12 +1,12 @@
-"""`speculoos bench overhead`: the proxy's own CPU time per speculative round, against a target that answers at once.
+"""`speculoos bench overhead`: the proxy's own CPU time per speculative round, against a target that computes nothing.
 
 One process: the proxy (create_app, one sglang route) serves in a thread of its own with its own event
 loop, while a fake SGLang (overhead_target.py) and the clients share the main thread's loop. The proxy
 thread's CPU time (time.thread_time, read inside that thread) is then the proxy's alone: not the clients',
 not the fake's, not llama.cpp's threads (the draft model's compute, reported apart as the rounds' draft
-wall time). Each K has a route of its own whose stated costs make K pay, so its controller speculates at K
-as for any request it chose; the stage split times the proxy's own functions, patched only while the bench
-runs (overhead_stages.py).
+wall time). Each K has a route of its own (k_min = k_max = K) that measures its costs against a fake that
+sleeps a GPU's step, so its controller speculates at K as for any request it chose; the stage split times the
+proxy's own functions, patched only while the bench runs (overhead_stages.py).
 """
 
 from __future__ import annotations
@@ -137,9 +137,9 @@ def _run(args: argparse.Namespace) -> int:
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=open(os.devnull, "w")))  # noqa: SIM115
     print(f"regime: fake SGLang spending {grid.step_ms:g} ms asleep a step (a verification, or a plain token), "
           f"acceptance {grid.acceptance:g} per draft position, top-20 over "
-          f"the draft's vocabulary) in this process's main thread with the clients; the proxy in a thread of its own; "
+          f"the draft's vocabulary, in this process's main thread with the clients; the proxy in a thread of its own; "
           f"{grid.requests} streamed requests per stream, {grid.max_tokens} tokens each, "
-          f"K the route's own (stated costs under which K pays); CPU is "
+          f"K the route's own (k_min = k_max = K, costs measured); CPU is "
           f"the proxy thread's; \"other\" = {stages.OTHER_MEANS}", flush=True)
     started = time.perf_counter()
     rows = asyncio.run(_run_grid(grid, gguf))
@@ -154,7 +154,8 @@ run = guarded("speculoos bench overhead", _run)
 
 def add_cli(commands: argparse._SubParsersAction) -> None:
     """Register `bench overhead`."""
-    parser = commands.add_parser("overhead", help="the proxy's own CPU time per round, against an instant target",
+    parser = commands.add_parser("overhead",
+                                 help="the proxy's own CPU time per round, against a target that computes nothing",
                                  description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--ks", default="1,4,8,16,32", help="K of each route (default 1,4,8,16,32)")
     parser.add_argument("--streams", default="1,8,64", help="concurrent clients (default 1,8,64)")
