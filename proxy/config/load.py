@@ -75,17 +75,19 @@ def parse_config(
         raise ConfigError(f"{source}: empty configuration; expected a mapping with a 'routes' list")
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: expected a mapping with a 'routes' list (got {type(data).__name__})")
-    problems: list[Problem] = []
+    interpolation = _Interpolation(os.environ if environ is None else environ)
     try:
-        data = _interpolate(data, os.environ if environ is None else environ, (), problems)
+        data = interpolation.document(data)
     except RecursionError:  # a YAML alias that contains itself
         raise ConfigError(f"{source}: configuration nests too deeply (a recursive YAML alias?)") from None
+    problems = interpolation.problems
     if not problems:
         try:
             return Config.model_validate(data, context={"base_dir": base_dir})
         except ValidationError as exc:
             problems = [_describe(error) for error in exc.errors()]
-    raise ConfigError("\n".join(_format(source, data, loc, message) for loc, message in problems)) from None
+    lines = (interpolation.hide(_format(source, data, loc, message)) for loc, message in problems)
+    raise ConfigError("\n".join(lines)) from None
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -108,33 +110,49 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _interpolate(value: Any, environ: Mapping[str, str], loc: Loc, problems: list[Problem]) -> Any:
-    """A copy of `value` with ${env.NAME} replaced in every string; failures go to `problems`."""
-    if isinstance(value, str):
-        return _expand(value, environ, loc, problems)
-    if isinstance(value, Mapping):
-        return {key: _interpolate(item, environ, (*loc, key), problems) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_interpolate(item, environ, (*loc, index), problems) for index, item in enumerate(value)]
-    return value
+class _Interpolation:
+    """Replaces ${env.NAME} in every string of a document, and keeps the values it put in out of messages."""
 
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.environ = environ
+        self.problems: list[Problem] = []
+        self._references: dict[str, str] = {}  # a value put in -> the reference it replaced
 
-def _expand(text: str, environ: Mapping[str, str], loc: Loc, problems: list[Problem]) -> str:
-    """One string with its references replaced; values are not scanned again."""
+    def document(self, value: Any, loc: Loc = ()) -> Any:
+        """A copy of `value` with every reference replaced; failures go to `problems`."""
+        if isinstance(value, str):
+            return self._expand(value, loc)
+        if isinstance(value, Mapping):
+            return {key: self.document(item, (*loc, key)) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.document(item, (*loc, index)) for index, item in enumerate(value)]
+        return value
 
-    def replace(found: re.Match[str]) -> str:
-        name = found.group(1)
-        if found.group(0) == "$${":
-            return "${"
-        if name is None:
-            problems.append((loc, "unsupported '${' reference; write ${env.NAME}, or $${ for a literal '${'"))
-        elif name not in environ:
-            problems.append((loc, f"environment variable {name} is not set"))
-        else:
-            return environ[name]
-        return found.group(0)
+    def hide(self, message: str) -> str:
+        """The message with each interpolated value shown as its reference: a URL may carry a token."""
+        for value in sorted(self._references, key=len, reverse=True):
+            reference = self._references[value]
+            message = message.replace(value, reference).replace(repr(value)[1:-1], reference)
+        return message
 
-    return _REFERENCE.sub(replace, text)
+    def _expand(self, text: str, loc: Loc) -> str:
+        """One string with its references replaced; values are not scanned again."""
+
+        def replace(found: re.Match[str]) -> str:
+            name = found.group(1)
+            if found.group(0) == "$${":
+                return "${"
+            if name is None:
+                self.problems.append((loc, "unsupported '${' reference; write ${env.NAME}, or $${ for a literal '${'"))
+            elif name not in self.environ:
+                self.problems.append((loc, f"environment variable {name} is not set"))
+            else:
+                if self.environ[name]:
+                    self._references[self.environ[name]] = found.group(0)
+                return self.environ[name]
+            return found.group(0)
+
+        return _REFERENCE.sub(replace, text)
 
 
 def _describe(error: ErrorDetails) -> Problem:

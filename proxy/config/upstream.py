@@ -26,6 +26,16 @@ class UpstreamConfig(Section):
     # Connections open to it at once (a stream holds one to its end); requests beyond wait up to timeouts.pool.
     connections: int = Field(default=100, ge=1)
 
+    @property
+    def shown_url(self) -> str:
+        """scheme://host:port of the URL, and "/…" for any path: the path may hold an interpolated secret."""
+        parts = urlsplit(self.url)
+        host = parts.hostname or ""
+        netloc = f"[{host}]" if ":" in host else host  # an IPv6 address
+        if parts.port is not None:
+            netloc += f":{parts.port}"
+        return f"{parts.scheme.lower()}://{netloc}" + ("/…" if parts.path.strip("/") else "")
+
     def api_key_value(self) -> str | None:
         """The key to send as `Authorization: Bearer` when the client sends none."""
         return None if self.api_key is None else self.api_key.get_secret_value()

@@ -4,24 +4,12 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 from typing import Any
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from proxy.errors import UpstreamError
 from proxy.sampling.processors import SamplingParams
 from proxy.server.runtime import CONFIG, METRICS, RUNTIMES, RouteRuntime
-
-
-def shown_url(url: str) -> str:
-    """scheme://host:port of an upstream URL, and "/…" for any path: the config may have put a secret there
-    (${env.X}), and which part it interpolated is not kept."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"[{host}]" if ":" in host else host  # an IPv6 address
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return f"{parts.scheme.lower()}://{netloc}" + ("/…" if parts.path.strip("/") else "")
 
 
 def _has_glob(pattern: str) -> bool:
@@ -72,7 +60,7 @@ async def status(request: web.Request) -> web.Response:
         tokenizer = runtime.tokenizer
         routes.append({
             "route": runtime.name,
-            "upstream": shown_url(runtime.route.upstream.url),
+            "upstream": runtime.route.upstream.shown_url,
             "protocol": runtime.route.upstream.protocol,
             "draft": runtime.route.draft.model if runtime.route.draft else None,
             "exact_sampling": _exact_for_any_sampling(runtime),

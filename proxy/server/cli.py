@@ -143,7 +143,7 @@ async def check_report(config: Config, load_drafter: Callable, drafts: Sequence[
                 status = f"speculative: {verdict.reason}"
             else:
                 status, failures = f"passthrough: {verdict.reason}", failures + 1
-            lines.append(f"{runtime.name}\t{runtime.route.upstream.url}\t{status}")
+            lines.append(f"{runtime.name}\t{runtime.route.upstream.shown_url}\t{status}")
             lines += [f"{runtime.name}\t{label}\t{value}" for label, value in _findings(runtime)]
             lines += [f"{runtime.name}\tcores\t{d.line()}" for d in drafts if d.route == runtime.name]
             lines += [f"{runtime.name}\t{label}\t{value}" for label, value in _costs(runtime)]

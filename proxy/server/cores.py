@@ -53,6 +53,6 @@ def with_draft_threads(config: Config, cores: int, *, draft_threads: int | None 
             continue
         threads = draft_threads or draft.threads or cores
         sharing = shares_cores(draft, route.upstream.url, is_local=is_local)
-        found.append(DraftCores(route.name, draft.model, route.upstream.url, sharing, threads, cores))
+        found.append(DraftCores(route.name, draft.model, route.upstream.shown_url, sharing, threads, cores))
         routes.append(route.model_copy(update={"draft": draft.model_copy(update={"threads": threads})}))
     return config.model_copy(update={"routes": tuple(routes)}), found

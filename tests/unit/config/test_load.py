@@ -231,6 +231,21 @@ def test_api_key_not_in_error_messages(upstream: str) -> None:
     assert "routes.yaml: route 'qwen' (routes[0]): upstream." in message
 
 
+@pytest.mark.parametrize(
+    "upstream",
+    [
+        "{url: 'ftp://gw/team/${env.TOKEN}/v1'}",  # the URL's own error echoes the URL
+        "{url: 'http://gw/${env.TOKEN}?x=1'}",
+        "{url: 'http://gw/${env.TOKEN}/../admin'}",
+        "{url: 'http://gw/${env.TOKEN}', protocol: '${env.TOKEN}'}",  # the same value in another key's error
+    ],
+)
+def test_an_interpolated_value_is_shown_as_its_reference_in_errors(upstream: str) -> None:
+    message = error_of(f"routes: [{{name: qwen, upstream: {upstream}}}]", {"TOKEN": SECRET})
+    assert SECRET not in message
+    assert "${env.TOKEN}" in message and "route 'qwen' (routes[0]): upstream." in message
+
+
 # --- fuzz ------------------------------------------------------------------------------------
 
 SCHEMA_KEYS = sorted(

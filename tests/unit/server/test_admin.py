@@ -7,7 +7,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.config.load import parse_config
-from proxy.server.admin import shown_url
+from proxy.config.upstream import UpstreamConfig
 from proxy.server.app import create_app
 
 SECRET = "tok-3f9a1c"  # what ${env.TOKEN} holds
@@ -21,7 +21,7 @@ SECRET = "tok-3f9a1c"  # what ${env.TOKEN} holds
     ("HTTP://GPU.example:8000/x", "http://gpu.example:8000/…"),
 ])
 def test_shown_url(url: str, shown: str) -> None:
-    assert shown_url(url) == shown
+    assert UpstreamConfig(url=url).shown_url == shown
 
 
 async def test_the_status_page_never_shows_a_secret_interpolated_into_an_upstream_path() -> None:

@@ -34,6 +34,8 @@ TAKES_TURNS = "shares this machine's {cores} cores with its target at {url}: the
     ("http://127.0.0.1:8001", {"shares_cores": False}, None, 8, 8, "runs apart"),  # a GPU server on this machine
     ("http://127.0.0.1:8001", {"threads": 3}, None, 8, 3, "with 3 threads while"),  # the file's threads
     ("http://127.0.0.1:8001", {"threads": 3}, 1, 8, 1, "with 1 thread while"),  # the flag wins
+    # A path may hold a secret interpolated from the environment: never printed.
+    ("http://127.0.0.1:8001/relay/tok-3f9a", {}, None, 2, 2, "its target at http://127.0.0.1:8001/…: they take"),
 ])
 def test_draft_threads_by_where_the_target_runs(tmp_path: Path, url: str, draft: dict, flag: int | None, cores: int,
                                                 threads: int, says: str) -> None:
