@@ -9,6 +9,7 @@ from pydantic import Field, SecretStr, field_validator
 from proxy.config.section import Section
 
 MIB = 1024 * 1024
+GIB = 1024 * MIB
 DEFAULT_HOST = "127.0.0.1"  # loopback only: the proxy carries API keys, exposing it must be a choice
 MIN_LIVE_TOKEN_CHARS = 16
 
@@ -37,6 +38,9 @@ class ServerConfig(Section):
     port: int = Field(default=8080, ge=0, le=65535)
     max_body_bytes: int = Field(default=8 * MIB, gt=0)
     max_in_flight: int = Field(default=256, ge=1)  # requests held at once; more are a 503 with Retry-After
+    # What the JSON bodies of the requests in flight may take once parsed (estimated before parsing, at most 5 times
+    # the text plus 64 bytes a value); a request past it is a 503 with Retry-After, a body past it alone a 413.
+    max_parsed_bytes: int = Field(default=GIB, gt=0)
     live: bool = False  # GET /speculoos/live: shows prompts and outputs, so off unless asked for
     # The live page's view of every tenant (each API key sees its own requests without it); generated when unset.
     live_token: SecretStr | None = None

@@ -20,7 +20,7 @@ from proxy.engine.llama import EngineOptions
 from proxy.errors import UpstreamError
 from proxy.models import fetch as models
 from proxy.observability.metrics import Metrics
-from proxy.server import admin, guard, handlers, live
+from proxy.server import admin, guard, handlers, live, other_paths
 from proxy.server.cores import MODEL_KINDS, shares_cores
 from proxy.server.in_flight import in_flight_limit
 from proxy.server.runtime import CONFIG, METRICS, RUNTIMES, RouteRuntime
@@ -138,8 +138,8 @@ def create_app(config: Config, *, load_drafter: DrafterLoader = LlamaDrafter.loa
                cost_scale: float = 1.0) -> web.Application:
     """The proxy application for a validated config (cost_scale: see open_resources)."""
     # The guard inside the error middleware: its refusals are rendered like every other error.
-    app = web.Application(middlewares=[error_middleware, in_flight_limit(config.server.max_in_flight),
-                                       guard.browser_guard],
+    held = in_flight_limit(config.server.max_in_flight, config.server.max_parsed_bytes)
+    app = web.Application(middlewares=[error_middleware, held, guard.browser_guard],
                           client_max_size=config.server.max_body_bytes)
     app.on_response_prepare.append(guard.add_cors_headers)
     app[CONFIG] = config
@@ -158,5 +158,5 @@ def create_app(config: Config, *, load_drafter: DrafterLoader = LlamaDrafter.loa
     app.router.add_get("/metrics", admin.metrics_endpoint)
     app.router.add_get("/speculoos/status", admin.status)
     live.setup(app)  # before the catch-all, which would forward its paths upstream
-    app.router.add_route("*", "/{tail:.*}", handlers.passthrough_any)
+    app.router.add_route("*", "/{tail:.*}", other_paths.passthrough_any)
     return app

@@ -1,4 +1,4 @@
-"""Chat and completions: parse -> admit -> run the session -> emit; the paths listed in paths.py pass through.
+"""Chat and completions: parse -> admit -> run the session -> emit (other paths: other_paths.py).
 
 Each generation request is routed, then served in one of two modes (one structured log event says which, and why):
 - speculative: prompt ids from the upstream's /tokenize, rounds of draft + verify, emitted here (and continued by
@@ -9,7 +9,6 @@ Each generation request is routed, then served in one of two modes (one structur
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -25,20 +24,21 @@ from proxy.decode.loop import speculative_tokens
 from proxy.decode.session import RequestRandom, Session
 from proxy.drafting.base import Drafter
 from proxy.drafting.prediction import PREDICTION, PredictionDrafter
-from proxy.errors import BadRequestError, NotFoundError
+from proxy.errors import BadRequestError
 from proxy.observability.logs import SwitchLog
 from proxy.observability.metrics import RouteMetrics
 from proxy.observability.request_stats import RequestStats
-from proxy.server import guard, live, paths
+from proxy.server import guard, live
+from proxy.server.in_flight import read_body
 from proxy.server.passthrough import forward, upstream_body
-from proxy.server.runtime import CONFIG, METRICS, RUNTIMES, RouteRuntime
+from proxy.server.runtime import CONFIG, METRICS, RUNTIMES, RouteRuntime, runtime_for
 from proxy.targets.base import Target
 from proxy.targets.recording import LogprobRecorder
 from proxy.wire.control import RequestControl, request_control
 from proxy.wire.emit import write_generation
 from proxy.wire.keys import key_headers
 from proxy.wire.logprobs import LogprobsWriter
-from proxy.wire.request import CHAT, COMPLETION, GenerationRequest, parse_generation_request, read_json
+from proxy.wire.request import CHAT, COMPLETION, GenerationRequest, parse_generation_request, parse_json
 from proxy.wire.response import prediction_details
 from proxy.wire.textstream import TextStream
 from proxy.wire.tools import ToolCallStream, format_problem, parses_tool_calls, prompt_text
@@ -48,14 +48,6 @@ log = structlog.get_logger("speculoos.request")
 SPECULATIVE = "speculative"
 PASSTHROUGH = "passthrough"
 MODE_HEADER = "X-Speculoos-Mode"
-
-
-def runtime_for(request: web.Request, model: str | None) -> RouteRuntime:
-    """The runtime of the first route that takes this request, or a 404."""
-    route = request.app[CONFIG].match(model, request.path)
-    if route is None:
-        raise NotFoundError(f"no route serves model {model!r} on {request.path}", param="model")
-    return request.app[RUNTIMES][route.name]
 
 
 async def _admit(runtime: RouteRuntime, parsed: GenerationRequest, control: RequestControl) -> str | None:
@@ -84,7 +76,7 @@ def _untouched(request: web.Request, body: Any) -> RouteRuntime | None:
 
 async def _generation(request: web.Request, kind: str) -> web.StreamResponse:
     started = time.perf_counter()
-    body = await read_json(request)
+    body = parse_json(await read_body(request))
     try:
         parsed = parse_generation_request(body, kind)  # type: ignore[arg-type]
     except BadRequestError:
@@ -281,20 +273,3 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def completions(request: web.Request) -> web.StreamResponse:
     """POST /v1/completions."""
     return await _generation(request, COMPLETION)
-
-
-async def passthrough_any(request: web.Request) -> web.StreamResponse:
-    """Every other path the route forwards (proxy.server.paths), untouched, to its upstream; anything else is a 404."""
-    if not any(paths.forwards(route, request.path) for route in request.app[CONFIG].routes):
-        raise paths.not_forwarded(request.method, request.path)  # refused before its body is read
-    model = None
-    if request.can_read_body and request.content_type == "application/json":
-        try:
-            body = json.loads(await request.read())
-            model = body.get("model") if isinstance(body, dict) else None
-        except (ValueError, RecursionError):  # not JSON, a number too long, nesting too deep
-            model = None  # not ours to judge: the upstream answers malformed bodies itself
-    runtime = runtime_for(request, model if isinstance(model, str) else None)
-    if not paths.forwards(runtime.route, request.path):
-        raise paths.not_forwarded(request.method, request.path)
-    return await forward(request, runtime.upstream, extra_headers={MODE_HEADER: PASSTHROUGH})

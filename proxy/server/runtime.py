@@ -14,7 +14,7 @@ from proxy.config.schema import Config, Route
 from proxy.control.costs import Calibration
 from proxy.control.route import RouteController
 from proxy.drafting.base import Drafter
-from proxy.errors import SpeculoosError, UpstreamError
+from proxy.errors import NotFoundError, SpeculoosError, UpstreamError
 from proxy.observability.metrics import Metrics
 from proxy.server.calibrate import calibrate
 from proxy.targets.base import Target
@@ -128,3 +128,11 @@ def calibration_fields(calibration: Calibration) -> dict[str, object]:
 CONFIG = web.AppKey("config", Config)
 RUNTIMES = web.AppKey("runtimes", dict)  # route name -> RouteRuntime
 METRICS = web.AppKey("metrics", Metrics)
+
+
+def runtime_for(request: web.Request, model: str | None) -> RouteRuntime:
+    """The runtime of the first route that takes this request, or a 404."""
+    route = request.app[CONFIG].match(model, request.path)
+    if route is None:
+        raise NotFoundError(f"no route serves model {model!r} on {request.path}", param="model")
+    return request.app[RUNTIMES][route.name]

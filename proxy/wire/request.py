@@ -190,7 +190,11 @@ def parse_generation_request(body: Any, kind: Literal["chat", "completion"]) -> 
 
 async def read_json(request: web.Request) -> Any:
     """The request body as JSON, or a 400 that says why not."""
-    raw = await request.read()
+    return parse_json(await request.read())
+
+
+def parse_json(raw: bytes) -> Any:
+    """A request body as JSON, or a 400 that says why not."""
     try:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
