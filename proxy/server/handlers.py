@@ -121,10 +121,9 @@ async def _pass(request: web.Request, runtime: RouteRuntime, body: bytes, starte
     response = await forward(request, runtime.upstream, body=body, extra_headers={MODE_HEADER: PASSTHROUGH},
                              meter=meter)
     tokens = meter.completion_tokens()
-    if response.status == 200 and tokens and meter.first_byte is not None and meter.last_byte is not None:
-        # Streams: time between first and last byte (prefill excluded); JSON: the whole request.
-        since = meter.first_byte if meter.first_byte < meter.last_byte else started
-        runtime.controller.record_plain(tokens, meter.last_byte - since)
+    if response.status == 200 and tokens and meter.first_byte is not None:
+        if (seconds := meter.decoding_seconds(started)) is not None:
+            runtime.controller.record_plain(tokens, seconds)
         request.app[METRICS].ttft.labels(runtime.name, PASSTHROUGH).observe(meter.first_byte - started)
         summary["completion_tokens"] = tokens
     return response

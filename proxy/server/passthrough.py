@@ -83,6 +83,16 @@ def split_events(data: bytes) -> tuple[list[bytes], bytes]:
     return events, bytes(splitter.pending)
 
 
+async def _write(response: web.StreamResponse, chunk: bytes, meter: TokenMeter | None) -> None:
+    """One chunk to the client; the meter counts the time a client that reads slowly held it back."""
+    if meter is None:
+        await response.write(chunk)
+        return
+    began = time.perf_counter()
+    await response.write(chunk)
+    meter.client_wait += time.perf_counter() - began
+
+
 def upstream_body(raw: bytes, body: dict, route: Route) -> bytes:
     """The body to forward: unchanged unless the route renames the model or the client sent our field."""
     if route.upstream.model is None and CONTROL_FIELD not in body:
@@ -118,7 +128,7 @@ async def forward(request: web.Request, upstream: Upstream, *, body: bytes | Non
                 if events is not None:
                     chunk = b"".join(events.feed(chunk))
                 if chunk:
-                    await response.write(chunk)
+                    await _write(response, chunk, meter)
             if events is not None and events.pending:
                 await response.write(bytes(events.pending))
         except UpstreamError as exc:
@@ -137,6 +147,9 @@ class TokenMeter:
 
     MAX_JSON_BYTES = 4 << 20  # a non-streamed answer larger than this is not parsed
     MAX_TOKENS = 2**31 - 1  # a usage figure above this counts nothing
+    # A client that held the stream back longer than this share of it also slowed the upstream (TCP pushes back):
+    # the answer's pace is then the client's, not the target's.
+    MAX_CLIENT_WAIT_SHARE = 0.1
 
     def __init__(self) -> None:
         self.first_byte: float | None = None
@@ -146,6 +159,7 @@ class TokenMeter:
         self._content_chunks = 0
         self._usage_tokens: int | None = None
         self._streaming: bool | None = None
+        self.client_wait = 0.0  # seconds spent waiting for the client to take bytes
 
     def feed(self, chunk: bytes, now: float) -> None:
         """One piece of the body as it is forwarded."""
@@ -190,6 +204,15 @@ class TokenMeter:
             delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
             if delta.get("content") or choice.get("text"):
                 self._content_chunks += 1
+
+    def decoding_seconds(self, started: float) -> float | None:
+        """How long the target took to decode the answer (a stream: first to last byte, so prefill is left out;
+        JSON: since `started`), or None where that is not known: no bytes, or a client that read too slowly."""
+        if self.first_byte is None or self.last_byte is None:
+            return None
+        since = self.first_byte if self.first_byte < self.last_byte else started
+        seconds = self.last_byte - since
+        return None if self.client_wait > self.MAX_CLIENT_WAIT_SHARE * seconds else seconds
 
     def completion_tokens(self) -> int | None:
         """Tokens generated: the usage figure when given, else one per content chunk."""

@@ -1,13 +1,20 @@
-"""A route's controller learns only from the requests it chose: rounds a client forced or pinned leave it alone."""
+"""A route's controller learns only from what measures its target: not from rounds a client forced or pinned, nor
+from a stream a client read too slowly."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
+import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
+from proxy.config.load import parse_config
 from proxy.control.costs import RouteCosts
+from proxy.server.app import create_app
 from proxy.server.runtime import RUNTIMES
 from tests.unit.server.test_request_edges import COMPLETIONS_PATH, MODE, post, start_proxy
 
@@ -37,3 +44,53 @@ async def test_only_the_controllers_own_requests_feed_the_routes_measurements(tm
         figures = json.loads(body)["speculoos"]
         assert figures["rounds"] + figures["plain_tokens"] > 0
         assert (measured(costs) != before) is learns, (before, measured(costs))
+
+
+def streaming_upstream(events: int, content_bytes: int, pause_s: float) -> web.Application:
+    """Streams `events` chat chunks of `content_bytes` each, `pause_s` apart, then the usage."""
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for _ in range(events):
+            chunk = {"choices": [{"index": 0, "delta": {"content": "x" * content_bytes}}]}
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            await asyncio.sleep(pause_s)
+        await response.write(b'data: {"choices": [], "usage": {"completion_tokens": %d}}\n\n' % events)
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+@pytest.mark.parametrize(("upstream", "client_pause_s", "learns"), [
+    # 12 MiB in one go while the client reads nothing for a second: TCP holds the upstream back for the client.
+    (streaming_upstream(48, 256 << 10, 0.0), 1.0, False),
+    # A model's pace read as it comes: the control that shows a passthrough stream is measured.
+    (streaming_upstream(24, 8, 0.005), 0.0, True),
+], ids=["a client that reads slowly", "a client that keeps up"])
+async def test_a_stream_a_client_held_back_does_not_time_the_targets_decoding(upstream: web.Application,
+                                                                              client_pause_s: float,
+                                                                              learns: bool) -> None:
+    fake = TestServer(upstream)
+    await fake.start_server()
+    route = {"name": "plain", "match": {"model": "*"},
+             "upstream": {"url": str(fake.make_url("")), "protocol": "openai"}}
+    proxy = TestServer(create_app(parse_config({"routes": [route]})))
+    await proxy.start_server()
+    try:
+        costs = proxy.app[RUNTIMES]["plain"].controller.costs
+        before = costs.plain_per_token.samples
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        async with aiohttp.ClientSession() as session, \
+                session.post(proxy.make_url("/v1/chat/completions"), json=body) as reply:
+            assert reply.status == 200
+            await reply.content.readany()
+            await asyncio.sleep(client_pause_s)
+            assert (await reply.read()).endswith(b"data: [DONE]\n\n")
+        assert (costs.plain_per_token.samples > before) is learns
+    finally:
+        await proxy.close()
+        await fake.close()
