@@ -2,12 +2,15 @@
 """Soak: mixed traffic at concurrency N against a verifier and a proxy it starts, then a verdict.
 
 Usage: .venv/bin/python scripts/soak.py [--minutes 20] [--concurrency 4] [--target qwen2.5-coder-1.5b]
-       [--draft qwen2.5-coder-0.5b] [--seed 0]
+       [--draft qwen2.5-coder-0.5b] [--seed 0] [--hostile]
 Traffic, drawn with a seeded generator: chat and completions, streamed and not, automatic and
 forced speculation, clients that hang up mid-stream, and bad requests. Every few minutes the
 workers pause for a quiet check: a stream is dropped mid-way and the drafts counter must stop
 moving within a second, with every draft sequence free again. Prints RSS and open file
 descriptors of both processes after warm-up and at the end, error counts, and one verdict line.
+With --hostile, attackers (scripts/soak_hostile.py) run beside the clients for `--minutes`, in
+windows of HOSTILE_WINDOW_S that alternate with clean windows of CLEAN_WINDOW_S, and the clients'
+p95 latency in the hostile windows must stay within P95_LIMIT of theirs in the clean ones.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import numpy as np
+from soak_hostile import Attack
 
 from proxy.bench.local import local_stack
 
@@ -39,6 +44,9 @@ BAD_BODIES = [b"{not json", b'{"model": "m", "messages": []}', b'{"model": "m", 
 RSS_GROWTH_LIMIT = 0.10
 STOP_WITHIN_S = 1.0
 QUIET_EVERY_S = 120.0
+HOSTILE_WINDOW_S, CLEAN_WINDOW_S = 120.0, 60.0
+ATTACKERS = 2
+P95_LIMIT = 1.5
 DRAFTS_METRIC = re.compile(rb"^speculoos_spec_decode_num_drafts_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 
 
@@ -59,8 +67,11 @@ class Usage:
 class Soak:
     """The workers, their counters, and the quiet checks."""
 
-    def __init__(self, proxy: str, concurrency: int, seed: int) -> None:
+    def __init__(self, proxy: str, concurrency: int, seed: int, attack: Attack | None = None) -> None:
         self.proxy = proxy
+        self.attack = attack
+        self.hostile = asyncio.Event()  # set during a hostile window
+        self.latency: dict[str, list[float]] = {"clean": [], "hostile": []}  # the clients' answered requests
         self.concurrency = concurrency
         self.random = random.Random(seed)
         self.counts: Counter[str] = Counter()
@@ -89,6 +100,7 @@ class Soak:
             body["messages"] = [{"role": "user", "content": prompt}]
         headers = {"X-Speculoos": "k=4"} if self.random.random() < 0.3 else {}
         path = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
+        window, began = "hostile" if self.hostile.is_set() else "clean", time.monotonic()
         async with session.post(self.proxy + path, json=body, headers=headers) as reply:
             if kind == "drop":
                 await reply.content.readline()
@@ -98,6 +110,8 @@ class Soak:
             text = await reply.read()
             ok = reply.status == 200 and b'"error"' not in text
             self.counts["ok" if ok else f"failed_{reply.status}"] += 1
+            if ok:
+                self.latency[window].append(time.monotonic() - began)
             if not ok:
                 self.failures.append(f"{path} answered {reply.status}: {text[:200]!r}")
 
@@ -112,6 +126,32 @@ class Soak:
                 self.failures.append(f"client error: {type(exc).__name__}: {exc}")
             finally:
                 self.in_flight -= 1
+
+    async def attacker(self, session: aiohttp.ClientSession, until: float) -> None:
+        assert self.attack is not None
+        while time.monotonic() < until:
+            await self.open.wait()
+            await self.hostile.wait()
+            if not self.open.is_set():
+                continue
+            self.in_flight += 1
+            try:
+                name, problem = await self.attack.run(session)
+                self.counts[f"attack_{name}"] += 1
+                if problem:
+                    self.failures.append(f"attack {name}: {problem}")
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                self.failures.append(f"attack: client error: {type(exc).__name__}: {exc}")
+            finally:
+                self.in_flight -= 1
+
+    async def windows(self, until: float) -> None:
+        """Hostile and clean windows in turn, until the end."""
+        while time.monotonic() < until:
+            self.hostile.set()
+            await asyncio.sleep(HOSTILE_WINDOW_S)
+            self.hostile.clear()
+            await asyncio.sleep(CLEAN_WINDOW_S)
 
     async def drafts(self, session: aiohttp.ClientSession) -> float:
         async with session.get(self.proxy + "/metrics") as reply:
@@ -142,15 +182,33 @@ class Soak:
         self.open.set()
 
     async def run(self, minutes: float) -> None:
-        until = time.monotonic() + minutes * 60
+        # With attackers, `minutes` is their time: the clean windows between come on top.
+        scale = 1 + CLEAN_WINDOW_S / HOSTILE_WINDOW_S if self.attack is not None else 1
+        until = time.monotonic() + minutes * 60 * scale
         timeout = aiohttp.ClientTimeout(total=600)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             workers = [asyncio.create_task(self.worker(session, until)) for _ in range(self.concurrency)]
+            if self.attack is not None:
+                workers += [asyncio.create_task(self.attacker(session, until)) for _ in range(ATTACKERS)]
+                windows = asyncio.create_task(self.windows(until))
             while time.monotonic() + QUIET_EVERY_S < until:
                 await asyncio.sleep(QUIET_EVERY_S)
                 await self.quiet_check(session)
             await asyncio.gather(*workers)
+            if self.attack is not None:
+                windows.cancel()
+                self.hostile.set()  # an attacker waiting for a window that will not come sees the end
             await self.quiet_check(session)
+
+
+def latency_problems(latency: dict[str, list[float]]) -> list[str]:
+    """The clients' p95 latency in hostile windows against clean ones, printed; a problem past P95_LIMIT."""
+    p95 = {window: float(np.percentile(seconds, 95)) if seconds else float("nan")
+           for window, seconds in latency.items()}
+    ratio = p95["hostile"] / p95["clean"]
+    print(f"clients' p95 latency: clean {p95['clean']:.2f} s ({len(latency['clean'])} requests), "
+          f"hostile {p95['hostile']:.2f} s ({len(latency['hostile'])} requests): {ratio:.2f}x")
+    return [] if ratio <= P95_LIMIT else [f"clients' p95 latency {ratio:.2f}x a clean window's (limit {P95_LIMIT}x)"]
 
 
 def main() -> int:
@@ -161,12 +219,14 @@ def main() -> int:
     parser.add_argument("--target", default="qwen2.5-coder-1.5b")
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hostile", action="store_true", help="attackers beside the clients (see the docstring)")
     args = parser.parse_args()
-    with local_stack(args.target, args.draft, parallel=args.concurrency) as stack:
+    with local_stack(args.target, args.draft, parallel=args.concurrency, live=args.hostile) as stack:
         warm = Soak(stack.proxy_url, args.concurrency, args.seed + 1)
         asyncio.run(warm.run(args.warmup_minutes))
         start_usage = {"verifier": Usage.of(stack.verifier_pid), "proxy": Usage.of(stack.proxy_pid)}
-        soak = Soak(stack.proxy_url, args.concurrency, args.seed)
+        attack = Attack(stack.proxy_url, stack.verifier_url, PROMPTS, random.Random(args.seed + 2))
+        soak = Soak(stack.proxy_url, args.concurrency, args.seed, attack if args.hostile else None)
         asyncio.run(soak.run(args.minutes))
         end_usage = {"verifier": Usage.of(stack.verifier_pid), "proxy": Usage.of(stack.proxy_pid)}
     problems = list(dict.fromkeys(soak.failures))
@@ -180,6 +240,8 @@ def main() -> int:
         if b.fds > a.fds + 2:  # a pooled connection or two may come and go
             problems.append(f"{name} open fds went from {a.fds} to {b.fds}")
     print("requests:", json.dumps(dict(sorted(soak.counts.items()))))
+    if args.hostile:
+        problems += latency_problems(soak.latency)
     for problem in problems[:20]:
         print("problem:", problem)
     verdict = "PASS" if not problems else "FAIL"
