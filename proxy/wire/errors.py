@@ -24,12 +24,6 @@ SSE_STREAM = web.RequestKey("sse_stream", web.StreamResponse)  # the request's S
 SSE_ENDED = web.RequestKey("sse_ended", bool)  # set once that stream's [DONE] is out
 
 
-def error_response(status: int, message: str, error_type: str, *, param: str | None = None,
-                   code: str | None = None) -> web.Response:
-    """An OpenAI-shaped error response."""
-    return web.json_response(error_body(message, error_type, status, param=param, code=code), status=status)
-
-
 def _answer(request: web.Request, exc: Exception) -> tuple[int, dict, dict[str, str]]:
     """Status, OpenAI error body and headers for an exception (a bug of ours is logged with its traceback)."""
     if isinstance(exc, SpeculoosError):
