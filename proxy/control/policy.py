@@ -5,10 +5,8 @@ K = 0 means plain decoding (passthrough for a new request). The rule (Leviathan 
     round time                 T(K)    = K · draft_time_per_token + verify_time(K)
     speculative rate           E / T   versus   the plain rate 1 / plain_time_per_token
 with hysteresis so a decision does not flap near the break-even point. A request decides with its
-own α (code editing and open chat differ wildly on one route) and the route's costs; it never
-writes the route's decision. A greedy request's own evidence includes the plain chunks its draft
-read: a chunk of n tokens is n rounds the draft would have made, one starting at each token,
-measured for free while the target decoded.
+own evidence (proxy.control.evidence: code editing and open chat differ wildly on one route) and the
+route's costs; it never writes the route's decision.
 """
 
 from __future__ import annotations
@@ -19,14 +17,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from proxy.config.schema import FallbackConfig
-from proxy.control.costs import RouteCosts, read_windows, survival
+from proxy.control.costs import RouteCosts, survival
+from proxy.control.evidence import RequestEvidence
 from proxy.control.lookup import MIN_PLAIN_CHUNK, LookupOdds
 from proxy.decode.decision import Decision, Measure, Plain, Read, Speculate, model_k
-from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent
-from proxy.drafting.base import MODEL_SOURCE
+from proxy.decode.events import Event
 
 PASSTHROUGH_K = 0
-PRIOR_ROUNDS = 2  # the route's survival curve counts as this many of a request's own rounds
 MIN_ROUNDS_BEFORE_SWITCH = 2  # a request (a probe especially) measures a few rounds before it may switch
 # A request that switched to plain decoding goes back to drafting only on a clear gain: it goes back
 # when its text turned predictable, and the stretch after such a turn is less so (regression to the mean).
@@ -111,9 +108,6 @@ class PinnedPolicy:
         """The pinned K."""
         return self._decision
 
-    def commit(self) -> None:
-        """No mode to settle in."""
-
     def observe(self, event: Event) -> None:
         """Nothing to learn."""
 
@@ -131,7 +125,7 @@ class PinnedPolicy:
 
 
 class RequestPolicy:
-    """One request's K each round, from its own acceptance so far and the route's costs."""
+    """One request's K each round, from its own evidence (control.evidence) and the route's costs."""
 
     def __init__(self, costs: RouteCosts, settings: FallbackConfig, configured_k: int, start: Choice,
                  *, explore: bool = True, pipelined: bool | None = None, reads_along: bool = False) -> None:
@@ -140,51 +134,16 @@ class RequestPolicy:
         # on a lookup route that turned its model off does not read, unless it probes the model.
         self._reads_along = reads_along and explore
         self._pipelined = pipelined  # whether this request drafts ahead (None: as the route does)
-        self._measured_plain = False  # this request decoded a plain chunk after the prefill with its draft idle
         self._explore = explore  # a route in passthrough: try the configured K for the first rounds
         self._probing = explore and start.k == PASSTHROUGH_K  # ... which re-times costs that may have changed
-        self.current = start  # the route's decision when the request started
-        self.rounds = self.drafted = self.accepted = 0  # drafted and accepted: the model draft's
-        self.reads = 0  # plain chunks the draft read: greedy rounds it would have made count as its own
-        self._timed_rounds, self._timed_tokens, self._timed_seconds = 0, 0, 0.0  # the model's rounds, as they ran
-        self._timed_ceiling = 0  # ... and the tokens they would have emitted accepting every draft
-        self.context: int | None = None  # tokens so far, once an event said
-        self._reached = [0] * settings.k_max  # per position: the model's rounds that drafted it
-        self._survived = [0] * settings.k_max  # ... and accepted it and every draft before it
+        self.current = start  # the mode the request is in: the route's when it started, then its own decisions'
+        self.evidence = RequestEvidence(settings.k_max, costs.scale)
         self.lookup = LookupOdds(costs)
 
     def observe(self, event: Event) -> None:
         """Count this request's rounds (the model's acceptance apart) and its lookups."""
-        if isinstance(event, PlainEvent):
-            self._measured_plain |= not (event.prefill or event.draft_busy)
-            if self.context is not None:
-                self.context += len(event.tokens)
-        if isinstance(event, ReadEvent):
-            self._read(event.agreed)
-        if isinstance(event, RoundEvent):
-            self.context = event.context + len(event.emitted)
-            self.rounds += 1
-            if event.source == MODEL_SOURCE and event.warm:  # a prefill's round says nothing of drafting's speed
-                self._timed_rounds += 1
-                self._timed_tokens += len(event.emitted)
-                self._timed_seconds += (event.draft_seconds + event.verify_seconds) * self._costs.scale
-                self._timed_ceiling += len(event.drafted) + 1
-            sampled = event.model_drafted  # the model's acceptance, also where it led a path
-            self.drafted += sampled
-            self.accepted += event.model_accepted
-            for position in range(min(sampled, len(self._reached))):
-                self._reached[position] += 1
-                self._survived[position] += position < event.accepted
+        self.evidence.observe(event)
         self.lookup.observe(event)
-
-    def _read(self, agreed: Sequence[bool]) -> None:
-        """Count a plain chunk the draft read as the rounds it would have made, one starting at each token."""
-        self.reads += 1
-        self.drafted += len(agreed)
-        self.accepted += sum(agreed)
-        reached, survived = read_windows(agreed, len(self._reached))
-        self._reached = [a + b for a, b in zip(self._reached, reached, strict=True)]
-        self._survived = [a + b for a, b in zip(self._survived, survived, strict=True)]
 
     def lookup_length(self, probs: Sequence[float], decision: Decision) -> int:
         """The worthwhile prefix of a lookup path, against plain decoding and the model draft at the round's K."""
@@ -198,25 +157,18 @@ class RequestPolicy:
     def _model_rate(self, decision: Decision) -> float | None:
         """The model draft's predicted tokens/s at this request's K (None when it is off or not measured): the
         round's, once the request has evidence of its own, else its mode's (a first decision may be only to read)."""
-        k = model_k(decision) if self._evidence() >= MIN_ROUNDS_BEFORE_SWITCH else self.current.k
+        k = model_k(decision) if self.evidence.own_rounds >= MIN_ROUNDS_BEFORE_SWITCH else self.current.k
         return (self._costs.speculative_rate(k, curve=self.survival()[:k], pipelined=self._pipelined,
-                                             context=self.context) if k > 0 else None)
-
-    def _evidence(self) -> int:
-        """Rounds of this request's own, made or read."""
-        return self.rounds + self.reads
+                                             context=self.evidence.context) if k > 0 else None)
 
     def survival(self) -> list[float]:
         """This request's survival curve so far, with the route's as the prior."""
-        route = self._costs.survival(self._settings.k_max)
-        own = [(survived + PRIOR_ROUNDS * prior) / (reached + PRIOR_ROUNDS)
-               for survived, reached, prior in zip(self._survived, self._reached, route, strict=True)]
-        return survival(route[-1], own, self._settings.k_max)
+        return self.evidence.survival(self._costs.survival(self._settings.k_max))
 
     def _best_if(self, curve: Sequence[float]) -> Choice:
         """The rule at this request's costs and context, were its survival curve the given (optimistic) one."""
         return choose_k(self._costs, self._settings, self._configured_k, alpha=None, alpha_rounds=0, speculating=True,
-                        pipelined=self._pipelined, context=self.context, curve=curve)
+                        pipelined=self._pipelined, context=self.evidence.context, curve=curve)
 
     def _hopeless(self) -> Choice | None:
         """Plain decoding when even accepting every draft would be slower at the measured costs, else None."""
@@ -228,7 +180,7 @@ class RequestPolicy:
     def _ruled_out(self) -> Choice | None:
         """Plain decoding where the measured costs say no draft could pay, unless this request is a probe that has
         not yet timed its round (costs measured long ago, at start-up say, may no longer hold)."""
-        return None if self._probing and not self.rounds else self._hopeless()
+        return None if self._probing and not self.evidence.rounds else self._hopeless()
 
     def _measured_loss(self) -> Choice | None:
         """Plain decoding once this request's own model rounds ran slower than plain decoding, else None.
@@ -236,14 +188,15 @@ class RequestPolicy:
         One round is enough when even accepting its every draft would have lost (its time, not its luck, decided);
         otherwise acceptance varies round to round, so it takes MIN_ROUNDS_TO_JUDGE.
         """
-        if self._costs.assumed or self._timed_rounds == 0 or self._timed_seconds <= 0:
+        timed = self.evidence
+        if self._costs.assumed or timed.timed_rounds == 0 or timed.timed_seconds <= 0:
             return None  # assumed costs describe other hardware than the one the rounds ran on
         plain = self._costs.plain_rate
-        if (lost := measured_loss(self._timed_ceiling / self._timed_seconds, plain, self._settings)) is not None:
+        if (lost := measured_loss(timed.timed_ceiling / timed.timed_seconds, plain, self._settings)) is not None:
             return replace(lost, reason=f"even accepting every draft, {lost.reason}")
-        if self._timed_rounds < MIN_ROUNDS_TO_JUDGE:
+        if timed.timed_rounds < MIN_ROUNDS_TO_JUDGE:
             return None
-        return measured_loss(self._timed_tokens / self._timed_seconds, plain, self._settings)
+        return measured_loss(timed.timed_tokens / timed.timed_seconds, plain, self._settings)
 
     def model_may_pay(self) -> bool:
         """Whether the model draft could still beat plain decoding on this request, so its reading along is worth it.
@@ -256,34 +209,35 @@ class RequestPolicy:
         """
         if not self._explore or self._measured_loss() is not None or self._ruled_out() is not None:
             return False  # not exploring (see _reads_along), its drafting lost as it ran, or it cannot pay at all
-        if self._costs.plain_rate is None or self.drafted < MIN_TOKENS_TO_GIVE_UP:
+        own = self.evidence
+        if self._costs.plain_rate is None or own.drafted < MIN_TOKENS_TO_GIVE_UP:
             return True
-        optimistic = [upper_bound(s, r) if r else None for s, r in zip(self._survived, self._reached, strict=True)]
-        alpha = upper_bound(self.accepted, self.drafted)
+        optimistic = [upper_bound(s, r) if r else None for s, r in zip(own.survived, own.reached, strict=True)]
+        alpha = upper_bound(own.accepted, own.drafted)
         return self._best_if(survival(alpha, optimistic, self._settings.k_max)).k != PASSTHROUGH_K
 
     def decide(self) -> Decision:
-        """This round's decision (no side effects: `commit` settles the request in the mode it chose)."""
-        return self._judge()[0]
-
-    def commit(self) -> None:
-        """Settle in the mode this round's decision chose: the hysteresis of the next starts from it."""
-        self.current = self._judge()[1] or self.current
+        """This round's decision; it settles the request in the mode it chose, where the next one's hysteresis
+        starts (so asking again gives the same answer)."""
+        decision, mode = self._judge()
+        self.current = mode or self.current
+        return decision
 
     def _judge(self) -> tuple[Decision, Choice | None]:
         """This round's decision, and the mode it settles the request in (None: the mode stays)."""
-        if self._costs.plain_rate is None and not self._measured_plain:
+        own = self.evidence
+        if self._costs.plain_rate is None and not own.measured_plain:
             # A fresh route does not know what speculation competes with: plain chunks (the prefill's, then one with
             # the draft idle) measure that before the first round, so one round can tell whether any could pay.
             return Measure(MEASURING), None
         if (lost := self._measured_loss()) is not None:
             return lost.decision(), lost
-        if self._evidence() < MIN_ROUNDS_BEFORE_SWITCH:
+        if own.own_rounds < MIN_ROUNDS_BEFORE_SWITCH:
             return self._first_rounds(), None
-        alpha = self.accepted / self.drafted if self.drafted else self._costs.alpha.value
-        rounds = self._evidence() if self.drafted else self._costs.alpha.samples
+        alpha = own.accepted / own.drafted if own.drafted else self._costs.alpha.value
+        rounds = own.own_rounds if own.drafted else self._costs.alpha.samples
         choice = choose_k(self._costs, self._settings, self._configured_k, alpha=alpha, alpha_rounds=rounds,
-                          speculating=self.current.k > 0, pipelined=self._pipelined, context=self.context,
+                          speculating=self.current.k > 0, pipelined=self._pipelined, context=own.context,
                           resume_margin=max(RESUME_MARGIN, self._settings.hysteresis), curve=self.survival())
         return choice.decision(), choice
 

@@ -55,11 +55,8 @@ class Policy(Protocol):
     """Per request: a decision each round, learning from its events."""
 
     def decide(self) -> Decision:
-        """This round's decision, from the measurements so far (asking twice gives the same answer)."""
-        ...
-
-    def commit(self) -> None:
-        """Settle in the mode this round's decision chose (the next decision's hysteresis): once per round."""
+        """This round's decision, from the measurements so far; it settles the request in the mode it chose
+        (asking twice gives the same answer)."""
         ...
 
     def observe(self, event: Event) -> None:

@@ -95,9 +95,7 @@ class _Rounds:
         ended."""
         if self._finish is not None:
             return self._finish
-        policy = self.session.policy
-        decision = policy.decide()
-        policy.commit()
+        decision = self.session.policy.decide()
         if not self.drafter.fits(len(self.context) + DRAFT_ROOM):
             # From then on the model neither drafts nor reads: the rest is plain or lookups (which need no context).
             self.reader.retire()

@@ -75,10 +75,8 @@ def lookup_round(drafted: int, accepted: int) -> RoundEvent:
 
 
 def trimmed(policy: RequestPolicy, probs: list[float]) -> int:
-    """The worthwhile prefix of a lookup path, in a round decided as the round loop decides it."""
-    decision = policy.decide()
-    policy.commit()
-    return policy.lookup_length(probs, decision)
+    """The worthwhile prefix of a lookup path, in a round the policy decided."""
+    return policy.lookup_length(probs, policy.decide())
 
 
 def test_a_request_learns_how_far_its_lookup_paths_hold() -> None:
@@ -119,7 +117,7 @@ def test_a_path_the_model_led_counts_from_where_the_path_starts() -> None:
     policy.observe(led)  # the model's 4 tokens accepted, then 2 of the path's 12
     assert (policy.lookup.lookups, policy.lookup.tried[:13].tolist()) == (1, [1.0] * 12 + [0.0])
     assert policy.lookup.right[:3].tolist() == [1.0, 1.0, 0.0]
-    assert (policy.drafted, policy.accepted) == (4, 4)  # the model's part is the model's acceptance
+    assert (policy.evidence.drafted, policy.evidence.accepted) == (4, 4)  # the model's part is the model's acceptance
     cut = replace(led, accepted=2, emitted=(0,) * 3)  # the edit itself was rejected: the path was never compared
     policy.observe(cut)
-    assert policy.lookup.lookups == 1 and (policy.drafted, policy.accepted) == (8, 6)
+    assert policy.lookup.lookups == 1 and (policy.evidence.drafted, policy.evidence.accepted) == (8, 6)

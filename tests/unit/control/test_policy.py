@@ -16,7 +16,7 @@ from proxy.control.policy import (
     RequestPolicy,
     choose_k,
 )
-from proxy.decode.decision import Decision, Measure, Plain, Read, Speculate, model_k
+from proxy.decode.decision import Measure, Plain, Read, Speculate, model_k
 from proxy.decode.events import PlainEvent, ReadEvent
 from tests.unit.control.test_costs import feed_rounds, round_event
 
@@ -25,13 +25,6 @@ def choose(costs: RouteCosts, settings: FallbackConfig, *, speculating: bool = T
            alpha: float | None = None) -> Choice:
     alpha = costs.alpha.value if alpha is None else alpha
     return choose_k(costs, settings, 4, alpha=alpha, alpha_rounds=costs.alpha.samples, speculating=speculating)
-
-
-def decide(policy: RequestPolicy | PinnedPolicy) -> Decision:
-    """A round's decision, committed as the round loop commits it."""
-    decision = policy.decide()
-    policy.commit()
-    return decision
 
 
 def test_nothing_measured_speculates_with_the_configured_k() -> None:
@@ -80,7 +73,7 @@ def test_pinned_policy_never_changes() -> None:
     policy = PinnedPolicy(3)
     for index in range(10):
         policy.observe(round_event(index, 3, 0))
-        assert model_k(decide(policy)) == 3
+        assert model_k(policy.decide()) == 3
 
 
 def route_with_low_alpha() -> tuple[RouteCosts, FallbackConfig]:
@@ -96,7 +89,7 @@ def test_a_request_decides_with_its_own_acceptance_rate() -> None:
     assert choose(costs, settings).k == 0
     policy = RequestPolicy(costs, settings, 4, Choice(4, "start"))
     for index in range(MIN_ROUNDS_BEFORE_SWITCH + 3):
-        assert model_k(decide(policy)) == 4  # 5 tokens per 0.1 s round: 50 tok/s against 20 plain
+        assert model_k(policy.decide()) == 4  # 5 tokens per 0.1 s round: 50 tok/s against 20 plain
         policy.observe(round_event(index, 4, 4))
 
 
@@ -105,7 +98,7 @@ def test_a_request_explores_before_it_may_switch() -> None:
     policy = RequestPolicy(costs, settings, 4, Choice(0, "route in passthrough"))
     ks = []
     for index in range(MIN_ROUNDS_BEFORE_SWITCH + 1):
-        ks.append(model_k(decide(policy)))
+        ks.append(model_k(policy.decide()))
         policy.observe(round_event(index, 4, 0))
     assert ks == [4] * MIN_ROUNDS_BEFORE_SWITCH + [0]  # a probe explores at the configured k, then decides
 
@@ -115,7 +108,7 @@ def test_a_request_never_writes_the_routes_measurements_or_decision() -> None:
     before = (costs.alpha.value, costs.alpha.samples)
     policy = RequestPolicy(costs, settings, 4, Choice(4, "start"))
     for index in range(8):
-        decide(policy)
+        policy.decide()
         policy.observe(round_event(index, 4, 4))
     assert (costs.alpha.value, costs.alpha.samples) == before
 
@@ -123,21 +116,21 @@ def test_a_request_never_writes_the_routes_measurements_or_decision() -> None:
 def test_a_fresh_route_measures_the_plain_rate_once_before_its_first_round() -> None:
     costs, settings = RouteCosts(0.1, 8), FallbackConfig()
     policy = RequestPolicy(costs, settings, 4, Choice(4, "not measured yet"))
-    measure = decide(policy)
+    measure = policy.decide()
     assert measure == Measure(MEASURING)
-    assert decide(policy) == measure  # asking again (to draft ahead, say) does not use it up
+    assert policy.decide() == measure  # asking again (to draft ahead, say) does not use it up
     prefill = PlainEvent("r", "route", tuple(range(4)), 4 * 0.5, prefill=True)  # carries the prompt: measures nothing
     policy.observe(prefill)
-    assert decide(policy) == measure
+    assert policy.decide() == measure
     chunk = PlainEvent("r", "route", tuple(range(8)), 8 * 0.1)  # 10 tok/s plain
     costs.observe(chunk)
     policy.observe(chunk)
     for index in range(MIN_ROUNDS_BEFORE_SWITCH):
-        assert model_k(decide(policy)) == 4  # perfect acceptance would pay (12.5 tok/s): it explores
+        assert model_k(policy.decide()) == 4  # perfect acceptance would pay (12.5 tok/s): it explores
         event = round_event(index + 1, 4, 0, draft_s=0.2, verify_s=0.2)
         costs.observe(event)
         policy.observe(event)
-    decision = decide(policy)
+    decision = policy.decide()
     assert isinstance(decision, Plain)
 
 
@@ -145,14 +138,14 @@ def test_a_route_that_knows_its_plain_rate_measures_nothing() -> None:
     costs, settings = route_with_low_alpha()
     policy = RequestPolicy(costs, settings, 4, Choice(4, "start"))
     for index in range(MIN_ROUNDS_BEFORE_SWITCH + 2):
-        assert not isinstance(decide(policy), Measure)
+        assert not isinstance(policy.decide(), Measure)
         policy.observe(round_event(index, 4, 4))
 
 
 def test_a_forced_request_drafts_at_its_k_whatever_the_costs_and_acceptance() -> None:
     policy = PinnedPolicy(4, "k=4: speculation forced by the client")
     for index in range(MIN_ROUNDS_BEFORE_SWITCH + 8):
-        decision = decide(policy)
+        decision = policy.decide()
         assert decision == Speculate(4, "k=4: speculation forced by the client")
         policy.observe(round_event(index, 4, 0))
     assert policy.lookup_length([0.1] * 32, decision) == 32
@@ -169,9 +162,9 @@ def test_a_read_chunk_counts_as_the_rounds_the_draft_would_have_made_from_each_t
     policy = RequestPolicy(costs, settings, 4, Choice(4, "start"))
     policy.observe(read_event("yyny"))
     # Starts 0..3 reach position 0; runs of agreement from each start are 2, 1, 0, 1.
-    assert policy._reached == [4, 3, 2, 1]
-    assert policy._survived == [3, 1, 0, 0]
-    assert (policy.drafted, policy.accepted, policy.reads) == (4, 3, 1)
+    assert policy.evidence.reached == [4, 3, 2, 1]
+    assert policy.evidence.survived == [3, 1, 0, 0]
+    assert (policy.evidence.drafted, policy.evidence.accepted, policy.evidence.reads) == (4, 3, 1)
 
 
 def test_reading_decides_without_a_round_and_can_bring_drafting_back() -> None:
@@ -183,10 +176,10 @@ def test_reading_decides_without_a_round_and_can_bring_drafting_back() -> None:
     policy = RequestPolicy(costs, settings, 4, Choice(4, "start"))
     for _ in range(MIN_ROUNDS_BEFORE_SWITCH):
         policy.observe(read_event("nnnnnnnn"))
-    assert model_k(decide(policy)) == 0 and policy.rounds == 0
+    assert model_k(policy.decide()) == 0 and policy.evidence.rounds == 0
     for _ in range(6):
         policy.observe(read_event("yyyyyyyy"))
-    assert model_k(decide(policy)) == 4
+    assert model_k(policy.decide()) == 4
 
 
 def test_going_back_to_drafting_needs_a_clear_gain() -> None:
@@ -203,18 +196,18 @@ def test_a_request_that_reads_along_reads_before_its_first_round_unless_the_rout
     costs, settings = route_with_low_alpha()
     fresh = RequestPolicy(RouteCosts(0.1, 4), settings, 4, Choice(4, "not measured"), reads_along=True)
     probe = RequestPolicy(costs, settings, 4, choose(costs, settings), reads_along=True)
-    first = decide(fresh)
+    first = fresh.decide()
     assert isinstance(first, Measure)  # the draft reads that chunk too
     fresh.observe(PlainEvent("r", "route", tuple(range(8)), 0.4))
     for policy in (fresh, probe):
         for _ in range(MIN_ROUNDS_BEFORE_SWITCH):
-            decision = decide(policy)
+            decision = policy.decide()
             assert isinstance(decision, Read)
             policy.observe(read_event("yyyyyyyy"))
-        assert not isinstance(decide(policy), Read)
+        assert not isinstance(policy.decide(), Read)
     paying = Choice(4, "k=4 predicted 30 tok/s vs 20 plain", 30.0, 20.0)
-    assert model_k(decide(RequestPolicy(costs, settings, 4, paying, reads_along=True))) == 4
-    assert model_k(decide(RequestPolicy(costs, settings, 4, Choice(4, "not measured")))) == 4
+    assert model_k(RequestPolicy(costs, settings, 4, paying, reads_along=True).decide()) == 4
+    assert model_k(RequestPolicy(costs, settings, 4, Choice(4, "not measured")).decide()) == 4
 
 
 def test_a_request_stops_exploring_once_even_accepting_every_draft_could_not_beat_plain_decoding() -> None:
@@ -224,11 +217,11 @@ def test_a_request_stops_exploring_once_even_accepting_every_draft_could_not_bea
         costs = RouteCosts(0.1, 8)
         costs.record_plain(tokens=100, seconds=100 * 0.05)
         policy = RequestPolicy(costs, settings, 4, Choice(4, "start"))
-        assert model_k(decide(policy)) == 4
+        assert model_k(policy.decide()) == 4
         event = round_event(1, 4, 4, draft_s=4 * 0.035, verify_s=verify_s)  # every draft accepted
         costs.observe(event)
         policy.observe(event)
-        decision = decide(policy)
+        decision = policy.decide()
         assert model_k(decision) == after
         assert ("even accepting every draft" in decision.reason) == (after == 0)
 
@@ -266,10 +259,10 @@ def test_a_request_gives_the_model_draft_up_once_its_rounds_ran_slower_than_plai
     costs.record_plain(tokens=100, seconds=100 * 0.05)  # 20 tok/s plain
     policy = RequestPolicy(costs, FallbackConfig(k_min=4, k_max=4), 4, Choice(4, "start"))
     for index in range(1, MIN_ROUNDS_TO_JUDGE + 1):
-        assert model_k(decide(policy)) == 4
+        assert model_k(policy.decide()) == 4
         # 3 of 4 accepted, as the rounds ran: accepting all 4 would have paid (20 tok/s), so it takes several rounds
         policy.observe(round_event(index, 4, 3, draft_s=round_s / 2, verify_s=round_s / 2))
-    decision = decide(policy)
+    decision = policy.decide()
     assert (model_k(decision) == 4) == drafts and policy.model_may_pay() == drafts
     assert (decision.reason == "drafting ran at 16.0 tok/s vs 20.0 tok/s plain") == (not drafts)
 
@@ -283,9 +276,9 @@ def test_a_request_stops_a_losing_model_draft_after_one_round(round_s: float, dr
     feed_rounds(costs, 4, 4, draft_s=0.0, verify_s=0.10)  # what the rule predicts from: 50 tok/s
     costs.record_plain(tokens=100, seconds=100 * 0.05)  # 20 tok/s plain
     policy = RequestPolicy(costs, FallbackConfig(k_min=4, k_max=4), 4, Choice(4, "start"))
-    assert model_k(decide(policy)) == 4
+    assert model_k(policy.decide()) == 4
     policy.observe(round_event(1, 4, 0, draft_s=round_s / 2, verify_s=round_s / 2))  # timed as it ran
-    decision = decide(policy)
+    decision = policy.decide()
     assert (model_k(decision) == 4) == drafts and policy.model_may_pay() == drafts
     assert ("even accepting every draft, drafting ran at 10.0 tok/s" in decision.reason) == (not drafts)
 
@@ -296,7 +289,7 @@ def test_a_request_on_calibrated_costs_that_cannot_pay_never_drafts_or_reads() -
         costs = RouteCosts(0.1, 4)
         costs.seed(Calibration(64, 0.05, ((4, verify_s),), 0.01))  # 20 tok/s plain; all accepted: 8.5 or 59 tok/s
         policy = RequestPolicy(costs, FallbackConfig(k_min=4, k_max=4), 4, Choice(4, "start"))
-        decision = decide(policy)
+        decision = policy.decide()
         assert (model_k(decision) == 4) == drafts and policy.model_may_pay() == drafts
         assert not isinstance(decision, Measure)  # the calibration measured the plain rate
 
@@ -307,6 +300,6 @@ def test_a_probe_times_one_round_before_costs_rule_the_model_out() -> None:
     costs.seed(Calibration(64, 0.05, ((4, 0.5),), 0.01))  # as timed: even all accepted, 5 tokens per 0.54 s
     probe = RequestPolicy(costs, FallbackConfig(k_min=4, k_max=4), 4, Choice(0, "route in passthrough"),
                           reads_along=True)
-    assert model_k(decide(probe)) == 4 and probe.model_may_pay()
+    assert model_k(probe.decide()) == 4 and probe.model_may_pay()
     probe.observe(round_event(1, 4, 4, draft_s=0.04, verify_s=0.5))  # the round ran as timed: still no use
-    assert model_k(decide(probe)) == 0 and not probe.model_may_pay()
+    assert model_k(probe.decide()) == 0 and not probe.model_may_pay()

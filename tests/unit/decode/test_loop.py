@@ -165,13 +165,11 @@ class MeasureOnce(PinnedPolicy):
 
     def __init__(self, k: int) -> None:
         super().__init__(k)
-        self.k, self.committed = k, 0
+        self.k, self.decided = k, 0
 
     def decide(self) -> Decision:
-        return Measure("measuring") if self.committed == 1 else Speculate(self.k, "scripted")
-
-    def commit(self) -> None:
-        self.committed += 1
+        self.decided += 1
+        return Measure("measuring") if self.decided == 2 else Speculate(self.k, "scripted")
 
 
 async def test_a_plain_chunk_to_measure_the_plain_rate_does_not_end_speculation(served: Served) -> None:

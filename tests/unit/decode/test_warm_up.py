@@ -150,10 +150,8 @@ class PlainThenDraft(PinnedPolicy):
         self.k, self.plain = k, plain
 
     def decide(self) -> Decision:
-        return Plain("scripted") if self.plain > 0 else Speculate(self.k, "scripted")
-
-    def commit(self) -> None:
         self.plain -= 1
+        return Plain("scripted") if self.plain >= 0 else Speculate(self.k, "scripted")
 
 
 async def test_a_greedy_request_that_reads_along_goes_back_to_drafting(served: Served) -> None:
