@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
 
 from proxy.config.section import MAX_K, Section
 
@@ -58,7 +58,8 @@ class FallbackConfig(Section):
     hysteresis: float = Field(default=0.05, ge=0, le=1)
     probe_every_requests: int = Field(default=20, ge=1)
     probe_every_seconds: float = Field(default=300.0, gt=0)
-    ewma_alpha: float = Field(default=0.1, gt=0, le=1)
+    # The weight of a new observation in the route's moving averages (`ewma_alpha`, its former name, still reads).
+    ewma_weight: float = Field(default=0.1, gt=0, le=1, validation_alias=AliasChoices("ewma_weight", "ewma_alpha"))
     # Time a few plain steps, verifications and draft steps at start-up, so the first request is decided
     # from measured costs instead of paying to learn them.
     calibrate: bool = True

@@ -51,8 +51,8 @@ class RouteController:
 
     def __post_init__(self) -> None:
         assumed = self.settings.assume_costs
-        self.costs = (RouteCosts(self.settings.ewma_alpha, self.settings.k_max, self.pipelined, self.cost_scale)
-                      if assumed is None else AssumedCosts(self.settings.ewma_alpha, self.settings.k_max, assumed))
+        self.costs = (RouteCosts(self.settings.ewma_weight, self.settings.k_max, self.pipelined, self.cost_scale)
+                      if assumed is None else AssumedCosts(self.settings.ewma_weight, self.settings.k_max, assumed))
         self.current = Choice(self.configured_k, NOT_MEASURED)
         self.last_probe = self.clock()
 

@@ -87,8 +87,8 @@ BAD = [
         qwen("fallback: {min_acceptance: 1.5}"),
         f"{Q}: fallback.min_acceptance: must be less than or equal to 1 (got 1.5)",
     ),
-    (qwen("fallback: {ewma_alpha: 0}"), f"{Q}: fallback.ewma_alpha: must be greater than 0 (got 0)"),
-    (qwen("fallback: {ewma_alpha: .nan}"), f"{Q}: fallback.ewma_alpha: must be a finite number"),
+    (qwen("fallback: {ewma_weight: 0}"), f"{Q}: fallback.ewma_weight: must be greater than 0 (got 0)"),
+    (qwen("fallback: {ewma_weight: .nan}"), f"{Q}: fallback.ewma_weight: must be a finite number"),
     (qwen("timeouts: {connect: 0}"), f"{Q}: timeouts.connect: must be greater than 0 (got 0)"),
     (qwen("timeouts: {idle: -1}"), f"{Q}: timeouts.idle: must be greater than 0 (got -1)"),
     (qwen("timeouts: {first_byte: .inf}"), f"{Q}: timeouts.first_byte: must be a finite number"),
@@ -316,3 +316,8 @@ def test_arbitrary_documents_parse_or_raise_config_error(data: Any) -> None:
         assert message and "Input should" not in message and "errors.pydantic.dev" not in message
     else:
         assert isinstance(config, Config) and config.routes
+
+
+def test_the_moving_averages_weight_reads_under_its_former_name_too() -> None:
+    for key in ("ewma_weight", "ewma_alpha"):
+        assert parse(qwen(f"fallback: {{{key}: 0.25}}")).routes[0].fallback.ewma_weight == 0.25

@@ -42,7 +42,7 @@ routes:
       hysteresis: 0.1
       probe_every_requests: 5
       probe_every_seconds: 30
-      ewma_alpha: 1
+      ewma_weight: 1
   - upstream: {url: "http://127.0.0.1:8002", protocol: openai}
 """
 
@@ -70,7 +70,7 @@ def test_full_config_round_trips_to_objects() -> None:
                     hysteresis=0.1,
                     probe_every_requests=5,
                     probe_every_seconds=30,
-                    ewma_alpha=1,
+                    ewma_weight=1,
                 ),
             ),
             Route(name="route-1", upstream=UpstreamConfig(url="http://127.0.0.1:8002", protocol="openai")),
@@ -99,7 +99,7 @@ def test_defaults_fill_in() -> None:
         hysteresis=0.05,
         probe_every_requests=20,
         probe_every_seconds=300,
-        ewma_alpha=0.1,
+        ewma_weight=0.1,
     )
     assert parse("routes: [{upstream: {url: 'http://h'}, draft: {model: m}}]").routes[0].draft == DraftConfig(
         model="m", threads=None, ctx=4096, gpu_layers=0, batch=512

@@ -55,7 +55,7 @@ def test_decisions_and_predictions_match_costs_computed_from_scratch(k_max: int,
     settings = FallbackConfig(k_max=k_max)
     reused = RouteController(settings, configured_k=4, pipelined=pipelined)
     scratch = RouteController(settings, configured_k=4, pipelined=pipelined)
-    scratch.costs = FromScratch(settings.ewma_alpha, settings.k_max, pipelined)
+    scratch.costs = FromScratch(settings.ewma_weight, settings.k_max, pipelined)
     calibration = Calibration(400, 0.03, ((1, 0.03), (4, 0.04)), 0.006)
     assert reused.calibrated(calibration) == scratch.calibrated(calibration)
     decisions = set()

@@ -51,7 +51,7 @@ def test_speculating_route_measures_passthrough_once() -> None:
 
 
 def test_rounds_move_the_routes_decision_by_the_routes_alpha() -> None:
-    c, _ = controller(min_acceptance=0.3, ewma_alpha=0.5)
+    c, _ = controller(min_acceptance=0.3, ewma_weight=0.5)
     for index in range(MIN_ROUNDS_BEFORE_SWITCH):
         c.observe(round_event(index, 4, 0))
     assert c.current.k == 0 and "min_acceptance" in c.current.reason
