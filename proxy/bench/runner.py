@@ -27,8 +27,8 @@ import aiohttp
 from proxy.bench.client import BenchError, Reply, get_json, stream
 from proxy.bench.stats import DIRECT, PASSTHROUGH_MODE, SEQUENTIAL_SUFFIX, Sample
 from proxy.bench.workloads import Prompt, Workload
+from proxy.config.section import MAX_K
 
-MAX_PINNED_K = 32  # the proxy's limit (proxy.wire.control.MAX_PINNED_K)
 WARMUP_TOKENS = 4
 WARMUP_TEXT = "Say hello."  # in no workload: a warm-up that cached a measured prompt would spare one side its prefill
 HISTORY_KEY_PREFIX = "speculoos-bench"
@@ -48,9 +48,9 @@ def _mode(name: str) -> Mode:
         return Mode(name, None)
     if name in ("on", "off"):
         return Mode(name, {"mode": name})
-    if name.startswith("k=") and name[2:].isdigit() and 1 <= int(name[2:]) <= MAX_PINNED_K:
+    if name.startswith("k=") and name[2:].isdigit() and 1 <= int(name[2:]) <= MAX_K:
         return Mode(f"k={int(name[2:])}", {"k": int(name[2:])})
-    raise ValueError(f"bad mode {name!r}: use auto, on, off or k=N with N in 1..{MAX_PINNED_K}; "
+    raise ValueError(f"bad mode {name!r}: use auto, on, off or k=N with N in 1..{MAX_K}; "
                      f"add {SEQUENTIAL_SUFFIX} to any but off to turn draft-ahead off")
 
 

@@ -6,12 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.config.section import MAX_K
 from proxy.errors import BadRequestError
 
 CONTROL_HEADER = "X-Speculoos"  # "off", "on" (skip the controller), or "k=N" (pin K)
 # body: {"mode": "off" | "on" | "auto", "k": N, "pipeline": bool}; removed before forwarding
 CONTROL_FIELD = "speculoos"
-MAX_PINNED_K = 32
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,8 @@ class RequestControl:
 
 
 def _pinned(value: Any, source: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PINNED_K:
-        raise BadRequestError(f"{source}: k must be an integer in 1..{MAX_PINNED_K}", param=CONTROL_FIELD)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_K:
+        raise BadRequestError(f"{source}: k must be an integer in 1..{MAX_K}", param=CONTROL_FIELD)
     return value
 
 
