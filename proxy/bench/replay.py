@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import statistics
 from pathlib import Path
 
 from proxy.bench import compare, report, simulate
@@ -25,6 +27,9 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     sim.add_argument("--rtt-ms", type=float, default=0.0, help="network round trip per call (default 0)")
     sim.add_argument("--plain-ms", type=float, help="target's plain decoding time per token "
                                                     "(default: one single-token verification pass)")
+    sim.add_argument("--proxy-ms", default="0", metavar="MS|FILE",
+                     help="the proxy's own CPU per round, charged to every round: ms, or the JSON `speculoos bench "
+                          "overhead --json` wrote (the median of its one-stream rows' cpu_ms_per_round); default 0")
 
 
 def _measured_model(args: argparse.Namespace) -> simulate.CostModel:
@@ -39,6 +44,22 @@ def _measured_model(args: argparse.Namespace) -> simulate.CostModel:
     except (OSError, json.JSONDecodeError) as exc:
         raise BenchError(f"cannot read the cost curve {args.cost_curve}: {exc}") from exc
     return simulate.measured_cost_model(document, str(args.cost_curve), rtt_ms=args.rtt_ms)
+
+
+def proxy_ms(given: str) -> float:
+    """--proxy-ms: a number of ms, or the median one-stream cpu_ms_per_round of a `bench overhead --json` file."""
+    try:
+        value = float(given)
+    except ValueError:
+        try:
+            rows = [json.loads(line) for line in Path(given).read_text().splitlines() if line.strip()]
+            value = statistics.median(row["cpu_ms_per_round"] for row in rows if row["streams"] == 1)
+        except (OSError, ValueError, TypeError, KeyError, statistics.StatisticsError) as exc:
+            raise BenchError(f"--proxy-ms {given}: neither ms nor a bench overhead JSON with one-stream rows "
+                             f"({type(exc).__name__}: {exc})") from exc
+    if not value >= 0:
+        raise BenchError(f"--proxy-ms must be a non-negative number of ms (got {given})")
+    return value
 
 
 def markdown_of(trace: Path, model: simulate.CostModel) -> tuple[str, dict, dict, str]:
@@ -62,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         model = simulate.cost_model(args.cost_model or "gpu", draft_ms=args.draft_ms,
                                     verify_ms_flat=args.verify_ms_flat, verify_ms_per_token=args.verify_ms_per_token,
                                     rtt_ms=args.rtt_ms, plain_ms=args.plain_ms)
+    model = dataclasses.replace(model, proxy_ms=proxy_ms(args.proxy_ms))
     markdown, document, series, title = markdown_of(args.simulate, model)
     print(markdown)
     compare.write(compare.Outcome(title, markdown, document, series), json_path=args.json,

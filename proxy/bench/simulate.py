@@ -6,7 +6,7 @@ being the draft model's steps it took (one for reading the path in one batched p
 the model drafted ahead of it); traces without steps charge a prediction one step and a lookup none.
 A round emits accepted + 1 tokens. The cost model is
 proxy/control/cost_model.py's CostModel, the one a route with fallback.assume_costs decides by:
-    round      steps · draft_ms (drafted, for model drafts) + verify_ms(drafted) + rtt_ms
+    round      steps · draft_ms (drafted, for model drafts) + verify_ms(drafted) + rtt_ms + proxy_ms
     verify_ms  verify_ms_flat + verify_ms_per_token · (drafted + 1)     (tokens evaluated)
                or, from a measured curve (`--cost-curve`, written by proxy/bench/gpu_costs.py),
                as the controller predicts from measured K: linear between the measured K around
@@ -189,12 +189,16 @@ def describe(model: CostModel) -> str:
     if model.verify_curve:
         points = ", ".join(f"K={k}: {ms:.3g}" for k, ms in model.verify_curve)
         return (f"cost model {model.name}: draft {model.draft_ms:.3g} ms/token, verify ms by K ({points}), "
-                f"RTT {model.rtt_ms:g} ms, plain {model.plain_ms:.3g} ms/token")
+                f"RTT {model.rtt_ms:g} ms, plain {model.plain_ms:.3g} ms/token{_proxy(model)}")
     verify = " + ".join(part for part in (
         f"{model.verify_ms_flat:g} ms flat" if model.verify_ms_flat else "",
         f"{model.verify_ms_per_token:g} ms/evaluated token" if model.verify_ms_per_token else "") if part)
     return (f"cost model {model.name}: draft {model.draft_ms:g} ms/token, verify {verify}, "
-            f"RTT {model.rtt_ms:g} ms, plain {model.plain_ms:g} ms/token")
+            f"RTT {model.rtt_ms:g} ms, plain {model.plain_ms:g} ms/token{_proxy(model)}")
+
+
+def _proxy(model: CostModel) -> str:
+    return f", proxy {model.proxy_ms:.3g} ms/round" if model.proxy_ms else ""
 
 
 def as_json(rows: Sequence[SimulatedRow], model: CostModel, source: str,

@@ -143,6 +143,7 @@ class CostModel:
     rtt_ms: float  # per round trip to the target
     plain_ms: float  # per token of plain decoding on the target
     verify_curve: tuple[tuple[int, float], ...] = ()  # measured (K, ms), K ascending; empty: the two terms above
+    proxy_ms: float = 0.0  # the proxy's own CPU per round (speculoos bench overhead), charged by SIMULATION
 
     @classmethod
     def assumed(cls, config: AssumedCostsConfig) -> CostModel:
@@ -162,7 +163,7 @@ class CostModel:
         check, the tokens it led with), else by its source: the prediction's check one step, a lookup nothing."""
         draft_steps = (drafted if source == MODEL_SOURCE else steps if steps is not None
                        else 1.0 if source == PREDICTION else 0.0)
-        return draft_steps * self.draft_ms + self.verify_ms(drafted) + self.rtt_ms
+        return draft_steps * self.draft_ms + self.verify_ms(drafted) + self.rtt_ms + self.proxy_ms
 
     def verify_seconds(self, k: int) -> float:
         """A round trip and a verification of k drafts, in seconds: what a route measures as a round's verification."""

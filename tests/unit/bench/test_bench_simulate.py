@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.bench import report, simulate
+from proxy.bench import replay, report, simulate
+from proxy.bench.client import BenchError
 from tests.unit.bench.test_bench import bench, extension, sample
 
 GPU = simulate.cost_model("gpu", draft_ms=1.0, verify_ms_flat=10.0)
@@ -20,6 +21,19 @@ def test_replay_times_each_round() -> None:
     assert (result.tokens, result.speculative_ms, result.plain_ms) == (6, 28.0, 60.0)
     with_rtt = simulate.replay(request, replace(GPU, rtt_ms=5.0))
     assert (with_rtt.speculative_ms, with_rtt.plain_ms) == (38.0, 65.0)  # RTT per round vs once per request
+
+
+def test_the_proxys_own_cost_is_charged_to_every_round_and_never_to_plain_decoding(tmp_path: Path) -> None:
+    request = simulate.TracedRequest("w", "k=4", ((4, 4), (4, 0)), plain_tokens=3)
+    result = simulate.replay(request, replace(GPU, proxy_ms=1.5))
+    assert (result.speculative_ms, result.plain_ms) == (28.0 + 2 * 1.5 + 30.0, 90.0)
+    rows = tmp_path / "overhead.json"  # as `speculoos bench overhead --json` writes it: a row a line
+    rows.write_text("".join(json.dumps({"streams": streams, "cpu_ms_per_round": ms}) + "\n"
+                            for streams, ms in ((1, 0.8), (1, 1.2), (1, 3.0), (64, 9.0))))
+    assert replay.proxy_ms(str(rows)) == 1.2 and replay.proxy_ms("0.5") == 0.5
+    for bad in ("-1", "nan", str(tmp_path / "missing.json")):
+        with pytest.raises(BenchError, match="--proxy-ms"):
+            replay.proxy_ms(bad)
 
 
 def test_simulate_rows_compare_replay_with_the_formula() -> None:
