@@ -97,7 +97,7 @@ async def cross_site(a: Attack, session: aiohttp.ClientSession) -> str | None:
 
 async def verifier_batch(a: Attack, session: aiohttp.ClientSession) -> str | None:
     """One /generate batch that would hold every verifier sequence for minutes."""
-    body = {"input_ids": [[1] * 4000] * 5000, "sampling_params": {"max_new_tokens": 1}}
+    body = {"input_ids": [[1] * 100] * 5000, "sampling_params": {"max_new_tokens": 1}}
     return await _send(session, "POST", a.verifier + "/generate", refused=True, json=body)
 
 

@@ -29,7 +29,7 @@ from proxy.observability.logs import SwitchLog
 from proxy.observability.metrics import RouteMetrics
 from proxy.observability.request_stats import RequestStats
 from proxy.server import guard, live
-from proxy.server.in_flight import read_body
+from proxy.server.in_flight import parse_body, read_body
 from proxy.server.passthrough import forward, upstream_body
 from proxy.server.runtime import CONFIG, METRICS, RUNTIMES, RouteRuntime, runtime_for
 from proxy.targets.base import Target
@@ -76,7 +76,7 @@ def _untouched(request: web.Request, body: Any) -> RouteRuntime | None:
 
 async def _generation(request: web.Request, kind: str) -> web.StreamResponse:
     started = time.perf_counter()
-    body = parse_json(await read_body(request))
+    body = await parse_body(await read_body(request), parse_json)
     try:
         parsed = parse_generation_request(body, kind)  # type: ignore[arg-type]
     except BadRequestError:

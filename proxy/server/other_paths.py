@@ -8,7 +8,7 @@ from aiohttp import web
 
 from proxy.server import paths
 from proxy.server.handlers import MODE_HEADER, PASSTHROUGH
-from proxy.server.in_flight import read_body
+from proxy.server.in_flight import parse_body, read_body
 from proxy.server.passthrough import forward
 from proxy.server.runtime import CONFIG, runtime_for
 
@@ -20,7 +20,7 @@ async def passthrough_any(request: web.Request) -> web.StreamResponse:
     model = None
     if request.can_read_body and request.content_type == "application/json":
         try:
-            body = json.loads(await read_body(request))
+            body = await parse_body(await read_body(request), json.loads)
             model = body.get("model") if isinstance(body, dict) else None
         except (ValueError, RecursionError):  # not JSON, a number too long, nesting too deep
             model = None  # not ours to judge: the upstream answers malformed bodies itself

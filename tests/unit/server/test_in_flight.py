@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import aiohttp
 from aiohttp import web
@@ -10,6 +11,7 @@ from aiohttp.test_utils import TestServer
 
 from proxy.config.load import parse_config
 from proxy.server.app import create_app
+from proxy.server.in_flight import LARGE_BODY_BYTES, parse_body
 
 
 async def test_a_request_past_the_cap_is_a_503_and_the_next_one_is_served() -> None:
@@ -130,3 +132,12 @@ async def test_at_the_default_budget_such_bodies_are_served_side_by_side() -> No
     finally:
         await proxy.close()
         await upstream.close()
+
+
+async def test_a_large_body_is_parsed_off_the_event_loop() -> None:
+    def where(raw: bytes) -> str:
+        return threading.current_thread().name
+
+    loop_thread = threading.current_thread().name
+    assert await parse_body(b"{}", where) == loop_thread  # a small one: not worth a thread
+    assert await parse_body(junk(LARGE_BODY_BYTES // 3), where) != loop_thread
