@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import structlog
-from aiohttp import web
+from aiohttp import ClientConnectionResetError, web
 
 from proxy.admission import RouteSnapshot, passthrough_reason
 from proxy.control.policy import PinnedPolicy
@@ -102,7 +102,7 @@ async def _generation(request: web.Request, kind: str) -> web.StreamResponse:
         summary["status"] = response.status
         request.app[METRICS].requests.labels(runtime.name, summary["mode"]).inc()
         return response
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, ClientConnectionResetError):  # gone mid-request, or mid-answer as it was written
         summary.update(status=499, error="client disconnected")  # nginx's code for it
         raise
     except Exception as exc:

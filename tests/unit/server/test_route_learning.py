@@ -9,6 +9,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import structlog.testing
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
@@ -91,6 +92,30 @@ async def test_a_stream_a_client_held_back_does_not_time_the_targets_decoding(up
             await asyncio.sleep(client_pause_s)
             assert (await reply.read()).endswith(b"data: [DONE]\n\n")
         assert (costs.plain_per_token.samples > before) is learns
+    finally:
+        await proxy.close()
+        await fake.close()
+
+
+async def test_a_client_that_hangs_up_mid_stream_is_logged_as_gone_not_as_our_error() -> None:
+    fake = TestServer(streaming_upstream(400, 8, 0.01))
+    await fake.start_server()
+    route = {"name": "plain", "match": {"model": "*"},
+             "upstream": {"url": str(fake.make_url("")), "protocol": "openai"}}
+    proxy = TestServer(create_app(parse_config({"routes": [route]})))
+    await proxy.start_server()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+            async with aiohttp.ClientSession() as session:
+                reply = await session.post(proxy.make_url("/v1/chat/completions"), json=body)
+                await reply.content.readline()
+                reply.close()  # hang up mid-stream
+            async with asyncio.timeout(30):  # the proxy notices at its next write
+                while not any(entry["event"] == "request" for entry in logs):
+                    await asyncio.sleep(0.02)
+        logged = next(entry for entry in logs if entry["event"] == "request")
+        assert (logged["status"], logged["error"]) == (499, "client disconnected")
     finally:
         await proxy.close()
         await fake.close()
