@@ -24,7 +24,7 @@ from proxy.bench.client import BenchError
 from proxy.bench.command import guarded, model_path, numbers
 from proxy.bench.overhead_report import Row, markdown, row_from
 from proxy.bench.overhead_run import Configuration, ProxyThread, draft_route, measure, serve_fake, warm_up
-from proxy.config.schema import MAX_K
+from proxy.config.section import MAX_K
 
 DRAFT_KINDS = ("lookup", "model")
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
@@ -46,6 +46,7 @@ class Grid:
     max_tokens: int
     acceptance: float
     step_ms: float = 0.0  # the fake's wall time per step (asleep: no CPU)
+    pinned: bool = False  # requests pin K: rounds run where the route would decode plainly (a model draft on a CPU)
 
 
 def parse_grid(args: argparse.Namespace) -> Grid:
@@ -73,12 +74,12 @@ def parse_grid(args: argparse.Namespace) -> Grid:
     if not 0 <= args.step_ms <= 1000:
         raise BenchError("--step-ms must lie in 0..1000")
     return Grid(ks, streams, temperatures, drafts, contexts, args.requests, args.max_tokens, args.acceptance,
-                args.step_ms)
+                args.step_ms, args.pin)
 
 
 def configurations(grid: Grid, draft: str) -> list[Configuration]:
     """One draft kind's configurations, in the order they run."""
-    return [Configuration(draft, t, k, s, c, grid.requests, grid.max_tokens)
+    return [Configuration(draft, t, k, s, c, grid.requests, grid.max_tokens, grid.pinned)
             for c in grid.contexts for t in grid.temperatures for k in grid.ks for s in grid.streams]
 
 
@@ -135,11 +136,12 @@ def _run(args: argparse.Namespace) -> int:
 
     logs.configure(json_lines=True)  # every request's log line is rendered, as `serve` renders it, then dropped
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=open(os.devnull, "w")))  # noqa: SIM115
+    k_means = "K pinned by each request" if grid.pinned else "K the route's own (k_min = k_max = K, costs measured)"
     print(f"regime: fake SGLang spending {grid.step_ms:g} ms asleep a step (a verification, or a plain token), "
           f"acceptance {grid.acceptance:g} per draft position, top-20 over "
           f"the draft's vocabulary, in this process's main thread with the clients; the proxy in a thread of its own; "
           f"{grid.requests} streamed requests per stream, {grid.max_tokens} tokens each, "
-          f"K the route's own (k_min = k_max = K, costs measured); CPU is "
+          f"{k_means}; CPU is "
           f"the proxy thread's; \"other\" = {stages.OTHER_MEANS}", flush=True)
     started = time.perf_counter()
     rows = asyncio.run(_run_grid(grid, gguf))
@@ -171,6 +173,9 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--step-ms", type=float, default=20.0,
                         help="the fake target's wall time per step, asleep (a GPU's: a verification or a plain "
                              "token; default 20): the route measures real costs and speculates at K, as on a GPU")
+    parser.add_argument("--pin", action="store_true",
+                        help="each request pins K (`speculoos: {k: K}`): rounds run even where the route would decode "
+                             "plainly (a CPU draft model against a GPU's step time); the controller is left out")
     parser.add_argument("--model", default=DEFAULT_MODEL, help="the draft (and tokenizer) GGUF: name or path")
     parser.add_argument("--json", metavar="FILE", help="write one JSON row per configuration")
     parser.set_defaults(run=run)

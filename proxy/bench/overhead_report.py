@@ -33,6 +33,7 @@ class Row:
     draft_wall_ms_per_round: float | None  # the rounds' wait for their drafts (the model's compute is elsewhere)
     window_rounds: int
     stages_ms_per_round: dict[str, float | None]
+    pinned: bool = False  # K pinned by each request (--pin), not the route's own decision
 
 
 def _ratio(numerator: float, denominator: float, scale: float = 1.0) -> float | None:
@@ -58,7 +59,7 @@ def row_from(configuration: Configuration, measurement: Measurement, context_tok
         rounds_per_s=tally.rounds / measurement.wall_seconds if measurement.wall_seconds else 0.0,
         loop_lag_ms=measurement.lag_seconds * 1000,
         draft_wall_ms_per_round=_ratio(tally.draft_seconds, tally.rounds, 1000), window_rounds=window,
-        stages_ms_per_round=stages.per_round_ms(split, tally.rounds))
+        stages_ms_per_round=stages.per_round_ms(split, tally.rounds), pinned=configuration.pinned)
 
 
 def _number(value: float | None, digits: int = 2) -> str:

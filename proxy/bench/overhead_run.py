@@ -18,10 +18,13 @@ from aiohttp import web
 from proxy.bench import overhead_stages as stages
 from proxy.bench.client import BenchError
 from proxy.bench.overhead_target import SERVED_NAME, FakeState, fake_target_app
-from proxy.config.schema import MAX_K, Config
+from proxy.config.schema import Config
+from proxy.config.section import MAX_K
 from proxy.decode.events import PlainEvent, Publisher, RoundEvent
 
-LOOP_TICK_S = 0.005  # the loop monitor's sleep: its lateness is the loop's lag
+# The loop monitor's sleep: its lateness is the loop's lag (any hold longer than a tick delays a wake-up). At 5 ms
+# its wake-ups were most of a slow model round's "other" CPU.
+LOOP_TICK_S = 0.010
 SAMPLED_TOP_K = 20  # sampled requests send top_k within the route's top-20: exact on a stock SGLang
 TIMEOUT_S = 600.0
 SEED = 1234
@@ -38,6 +41,7 @@ class Configuration:
     context_tokens: int
     requests: int
     max_tokens: int
+    pinned: bool = False  # each request pins K (the route's controller then neither decides nor learns)
 
 
 @dataclass
@@ -77,8 +81,6 @@ class Measurement:
     samples: list[tuple[float, int]] = field(default_factory=list)
     tokens: int = 0
     errors: list[str] = field(default_factory=list)
-
-
 
 
 def route_model(k: int) -> str:
@@ -223,6 +225,8 @@ def request_body(prompt: str, configuration: Configuration, seed: int) -> dict[s
                             "stream": True, "stream_options": {"include_usage": True}, "seed": seed}
     if configuration.temperature > 0:
         body["top_k"] = SAMPLED_TOP_K
+    if configuration.pinned:
+        body["speculoos"] = {"k": configuration.k}
     return body
 
 

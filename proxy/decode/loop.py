@@ -29,7 +29,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 
-from proxy.config.schema import MAX_K
+from proxy.config.section import MAX_K
 from proxy.decode.ahead import DraftAhead
 from proxy.decode.decision import Decision, Measure, Plain, Read, Speculate, model_k
 from proxy.decode.events import RoundEvent, SwitchEvent
@@ -38,7 +38,7 @@ from proxy.decode.reading import DraftReader
 from proxy.decode.session import Session
 from proxy.drafting.base import MODEL_SOURCE, Draft, Drafter, DraftPlan
 from proxy.sampling.candidates import verify_candidates
-from proxy.sampling.processors import one_hot
+from proxy.sampling.draft_rows import DraftRows
 from proxy.sampling.rejection import verify_on_support
 from proxy.targets.base import ScorePlan, Scores, Target
 
@@ -265,8 +265,8 @@ async def _verify(session: Session, target: Target, context: list[int],
         result = verify_on_support(draft.tokens, scores.support, session.random.accept)
         return result.emitted, result.accepted, draft.tokens, scores.tv_bound
     paths = (draft.tokens, *draft.alternatives)
-    vocab = draft.probs.shape[1]
-    path_drafts = [draft, *(Draft(path, one_hot(path, vocab), draft.source) for path in draft.alternatives)]
+    vocab = draft.probs.vocab_size
+    path_drafts = [draft, *(Draft(path, DraftRows.one_hot(path, vocab), draft.source) for path in draft.alternatives)]
     plans = [session.score_plan() for _ in paths]  # drawn in order, so a seeded request's seeds do not depend on timing
     scored = await _score_all(target, context, path_drafts, plans)
     tree = verify_candidates(paths, [s.support for s in scored], session.random.accept)

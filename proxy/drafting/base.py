@@ -12,6 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
+from proxy.sampling.draft_rows import DraftRows
 from proxy.sampling.processors import SamplerOrder, SamplingParams
 
 MODEL_SOURCE = "model"  # a draft the model sampled, token by token
@@ -23,8 +24,9 @@ class Draft:
     """K drafted tokens and the distribution each was drawn from."""
 
     tokens: tuple[int, ...]  # [k]
-    probs: np.ndarray  # [k, vocab] float64: the exact distribution each token was sampled from,
-    # truncated to the draft's top candidates so the target can be asked about every one of them
+    # [k, vocab], held sparsely: the exact distribution each token was sampled from, truncated to the draft's top
+    # candidates so the target can be asked about every one of them (a dense array given here is converted)
+    probs: DraftRows
     source: str = MODEL_SOURCE  # "model", "lookup" (found in the context or history) or "prediction" (the client's)
     alternatives: tuple[tuple[int, ...], ...] = ()  # more deterministic candidates, verified in the same round
     declined: tuple[int, ...] = ()  # a lookup path found but judged not worth verifying (the policy learns from it)
@@ -33,6 +35,10 @@ class Draft:
     # The model's time per drafted token, its reading of context it had not seen left out (None: not timed,
     # the round's draft time stands for it)
     seconds_per_token: float | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.probs, np.ndarray):  # frozen: the converted rows replace the array once, here
+            object.__setattr__(self, "probs", DraftRows.from_dense(self.probs))
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -22,7 +22,7 @@ from proxy.engine.llama import EngineOptions, LlamaEngine
 from proxy.engine.prefix import common_prefix_length
 from proxy.engine.runner import EngineRunner
 from proxy.engine.sequences import SequenceLeases
-from proxy.sampling.processors import processed_probs, truncate_to_top
+from proxy.sampling.draft_rows import DraftRows, draft_row
 from proxy.sampling.rejection import sample
 
 
@@ -100,21 +100,23 @@ class LlamaDrafter:
         started, reading = time.perf_counter(), 0.0
         context = list(context)
         tokens: list[int] = []
+        ids: list[np.ndarray] = []
         rows: list[np.ndarray] = []
         for _ in range(plan.k):
             evaluation = await self._batcher.evaluate(seq, context, len(context) - 1)
             reading += evaluation.reading_seconds  # catching up on what it had not read is not drafting
             logits = evaluation.logits[0]
-            probs = truncate_to_top(processed_probs(logits, plan.params, plan.order), plan.support_size)
-            token = sample(probs, plan.rng)
+            candidates, probs = draft_row(logits, plan.params, plan.order, plan.support_size)
+            token = int(candidates[sample(probs, plan.rng)])  # drawn from exactly the row the Draft carries
             tokens.append(token)
+            ids.append(candidates)
             rows.append(probs)
             context.append(token)
             if self.vocabulary.is_end_of_generation(token):
                 break
-        probs = np.stack(rows) if rows else np.zeros((0, self._engine.n_vocab))
         drafting = time.perf_counter() - started - reading
-        return Draft(tuple(tokens), probs, seconds_per_token=drafting / len(tokens) if tokens else None)
+        return Draft(tuple(tokens), DraftRows.from_rows(ids, rows, self._engine.n_vocab),
+                     seconds_per_token=drafting / len(tokens) if tokens else None)
 
     def fits(self, n_tokens: int) -> bool:
         """Whether a context of n_tokens (plus a round of drafts) fits a sequence."""

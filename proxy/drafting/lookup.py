@@ -16,7 +16,7 @@ import numpy as np
 from proxy.drafting.base import LOOKUP_SOURCE, Draft, Drafter, DraftPlan, InFront
 from proxy.drafting.edits import Edit, in_prompt_words, learn_edits, replay
 from proxy.drafting.suffix import MAX_MATCH, Continuation, LookupSettings, OutputHistory, ScopedHistory, continuations
-from proxy.sampling.processors import one_hot
+from proxy.sampling.draft_rows import DraftRows
 
 
 def lookup(context: Sequence[int], k: int, *, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
@@ -65,7 +65,7 @@ class LookupDrafter:
     async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
         """Draft by lookup (possibly nothing), with one-hot distributions."""
         tokens = tuple(lookup(context, plan.lookup_k or plan.k, max_ngram=self.max_ngram, min_ngram=self.min_ngram))
-        return Draft(tokens, one_hot(tokens, self.vocabulary.n_vocab))
+        return Draft(tokens, DraftRows.one_hot(tokens, self.vocabulary.n_vocab))
 
     def fits(self, n_tokens: int) -> bool:
         """Lookup has no context limit; the tokenizer model does not run."""
@@ -118,9 +118,9 @@ class SuffixDrafter(LookupDrafter):
             self._requests[plan.request_id] = (prompt_length, context, scope)
         paths, declined = self.paths(context, plan)
         if not paths:
-            return Draft((), one_hot((), self.vocabulary.n_vocab), LOOKUP_SOURCE, declined=declined)
+            return Draft((), DraftRows.one_hot((), self.vocabulary.n_vocab), LOOKUP_SOURCE, declined=declined)
         best, *alternatives = paths
-        return Draft(best, one_hot(best, self.vocabulary.n_vocab), LOOKUP_SOURCE, tuple(alternatives))
+        return Draft(best, DraftRows.one_hot(best, self.vocabulary.n_vocab), LOOKUP_SOURCE, tuple(alternatives))
 
     def paths(self, context: Sequence[int], plan: DraftPlan) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
         """Lookup paths worth verifying, best first (the first from the better of context and history), and the

@@ -35,7 +35,7 @@ from proxy.drafting.base import LOOKUP_SOURCE, MODEL_SOURCE, Draft, Drafter, Dra
 from proxy.drafting.edits import MAX_INSERTED, MAX_REMOVED, MIN_ANCHOR, Edit, replay
 from proxy.drafting.suffix import MAX_MATCH, Continuation, match_lengths
 from proxy.engine.prefix import common_prefix_length
-from proxy.sampling.processors import one_hot
+from proxy.sampling.draft_rows import DraftRows
 
 PREDICTION = "prediction"  # the drafts' source, in round events and the response's figures
 PRIOR_COPIED, PRIOR_DEPARTURES = 16, 1  # the client's claim: copies run this long between departures, a priori
@@ -169,16 +169,17 @@ class PredictionDrafter(InFront):
         aligned = self.alignment(context[self._prompt_length:])
         tokens, declined = await self._copy(aligned, context, plan, limit, may_check)
         if tokens:
-            return Draft(tokens, one_hot(tokens, self.vocabulary.n_vocab), PREDICTION, checked=may_check)
+            return Draft(tokens, DraftRows.one_hot(tokens, self.vocabulary.n_vocab), PREDICTION, checked=may_check)
         if plan.k == 0 and not self._inner.looks_up:
-            return Draft((), one_hot((), self.vocabulary.n_vocab), PREDICTION, declined=declined)
+            return Draft((), DraftRows.one_hot((), self.vocabulary.n_vocab), PREDICTION, declined=declined)
         editing = may_check and not aligned.synced
         found = await self._inner.propose(context, _model_first(plan) if editing else plan)
         if editing and found.source == MODEL_SOURCE and 0 < len(found) < limit:
             return await self._rejoined(context, plan, found, limit)
         if may_check and found.source == LOOKUP_SOURCE and len(found) > 1 and not found.alternatives:
             tokens = await self._checked(context, plan.request_id, found.tokens)  # a lookup path is cut the same way
-            found = replace(found, tokens=tokens, probs=one_hot(tokens, self.vocabulary.n_vocab), checked=True)
+            found = replace(found, tokens=tokens, probs=DraftRows.one_hot(tokens, self.vocabulary.n_vocab),
+                            checked=True)
         return found if found.declined or not declined else replace(found, declined=declined)
 
     async def _copy(self, aligned: Alignment, context: Sequence[int], plan: DraftPlan, limit: int,
@@ -204,7 +205,7 @@ class PredictionDrafter(InFront):
         tokens, _ = await self._copy(aligned, drafted, plan, limit - len(draft), checked=True)
         if not tokens:
             return draft
-        probs = np.concatenate([draft.probs, one_hot(tokens, self.vocabulary.n_vocab)])
+        probs = draft.probs + DraftRows.one_hot(tokens, self.vocabulary.n_vocab)
         return replace(draft, tokens=draft.tokens + tokens, probs=probs, source=PREDICTION, led=len(draft),
                        checked=True)
 

@@ -55,14 +55,18 @@ def match_lengths(corpus: np.ndarray, query: np.ndarray, limit: int) -> tuple[np
     ends = np.flatnonzero(corpus[:-1] == query[-1])
     ends = ends[corpus[ends + 1] != SEPARATOR]
     lengths = np.ones(ends.size, dtype=np.int64)
-    alive = np.ones(ends.size, dtype=bool)
-    for back in range(1, min(limit, query.size)):
-        before = ends - back
-        alive &= before >= 0
-        alive[alive] &= corpus[before[alive]] == query[-1 - back]
-        if not alive.any():
-            break
-        lengths += alive
+    backwards = query[::-1]  # backwards[b]: the query's token b before its last
+    span = min(limit, query.size)
+    alive, back, block = np.arange(ends.size), 1, 1
+    # Compared a block of positions back at a time, the blocks doubling: most occurrences fail within a token or
+    # two, and a long copy's few survivors are followed in a handful of steps instead of one step per token.
+    while alive.size and back < span:
+        stop = min(back + block, span)
+        before = ends[alive, None] - np.arange(back, stop)  # [alive, stop - back]
+        same = (before >= 0) & (corpus[np.maximum(before, 0)] == backwards[back:stop])
+        run = np.where(same.all(axis=1), stop - back, same.argmin(axis=1))  # leading matches in the block
+        lengths[alive] += run
+        alive, back, block = alive[run == stop - back], stop, 2 * block
     return ends, lengths
 
 
@@ -77,10 +81,26 @@ def _walk(corpus: np.ndarray, ends: np.ndarray, cap: int, min_prob: float, prefi
     positions = ends + 1
     while len(tokens) < cap and positions.size:
         positions = positions[positions < corpus.size]
+        if positions.size == 1:  # one occurrence: the path copies what follows it, its probability unchanged
+            copied = corpus[positions[0]:positions[0] + cap - len(tokens)]
+            separated = np.flatnonzero(copied == SEPARATOR)
+            copied = copied[: separated[0]] if separated.size else copied
+            if prob < min_prob or not copied.size:
+                break
+            tokens += copied.tolist()
+            probs += [prob] * copied.size
+            break
         following = corpus[positions]
         positions, following = positions[following != SEPARATOR], following[following != SEPARATOR]
         if not following.size:
             break
+        if (following == following[0]).all():  # one continuation for every occurrence: no count, no branch
+            if prob < min_prob:
+                break
+            tokens.append(int(following[0]))
+            probs.append(prob)
+            positions = positions + 1
+            continue
         values, inverse, counts = np.unique(following, return_inverse=True, return_counts=True)
         latest = np.full(values.size, -1, dtype=np.int64)
         np.maximum.at(latest, inverse, positions)

@@ -7,6 +7,7 @@ subscriber of the generation's events.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -22,6 +23,10 @@ class Metrics:
     """Every metric the proxy exports, in one registry."""
 
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    # Each round updates a dozen labelled series: prometheus_client's labels() validates and locks on every call,
+    # so each series is looked up once. A route's decision is set again only when it changed.
+    _series: dict[tuple[int, tuple[str, ...]], Any] = field(default_factory=dict, init=False, repr=False)
+    _decisions: dict[str, tuple[int, float | None]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         r, route = self.registry, ["route"]
@@ -50,24 +55,35 @@ class Metrics:
         self.mid_stream_switches = Counter("speculoos_mid_stream_switches", "Generations continued by plain decoding",
                                            route, registry=r)
 
+    def series(self, metric: Any, *labels: str) -> Any:
+        """metric.labels(*labels), looked up once."""
+        key = (id(metric), labels)
+        child = self._series.get(key)
+        if child is None:
+            child = self._series[key] = metric.labels(*labels)
+        return child
+
     def record_round(self, route: str, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
         """One speculative round."""
         if drafted:
-            self.num_drafts.labels(route).inc()
-            self.num_draft_tokens.labels(route).inc(drafted)
-            self.num_accepted_tokens.labels(route).inc(accepted)
+            self.series(self.num_drafts, route).inc()
+            self.series(self.num_draft_tokens, route).inc(drafted)
+            self.series(self.num_accepted_tokens, route).inc(accepted)
             for position in range(accepted):
-                self.accepted_per_pos.labels(route, str(position)).inc()
-        self.draft_time.labels(route).observe(draft_s)
-        self.verify_time.labels(route).observe(verify_s)
+                self.series(self.accepted_per_pos, route, str(position)).inc()
+        self.series(self.draft_time, route).observe(draft_s)
+        self.series(self.verify_time, route).observe(verify_s)
 
     def set_decision(self, route: str, k: int, alpha: float | None) -> None:
         """The controller's current choice."""
-        self.chosen_k.labels(route).set(k)
+        if self._decisions.get(route) == (k, alpha):
+            return
+        self._decisions[route] = (k, alpha)
+        self.series(self.chosen_k, route).set(k)
         for mode in ("speculative", "passthrough"):
-            self.mode.labels(route, mode).set(1 if (mode == "speculative") == (k > 0) else 0)
+            self.series(self.mode, route, mode).set(1 if (mode == "speculative") == (k > 0) else 0)
         if alpha is not None:
-            self.alpha.labels(route).set(alpha)
+            self.series(self.alpha, route).set(alpha)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""

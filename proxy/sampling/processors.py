@@ -222,22 +222,6 @@ def one_hot(tokens: Sequence[int] | np.ndarray, vocab_size: int) -> np.ndarray:
     return rows
 
 
-def draft_support_ids(probs: np.ndarray, tokens: Sequence[int]) -> list[np.ndarray]:
-    """Each draft row's nonzero ids, ascending, as np.flatnonzero finds them; a one-hot row's without the search."""
-    # probs: [rows, vocab]; tokens: [k], each drawn from its row (rows past them are searched in full)
-    ids = []
-    for position, row in enumerate(probs):
-        token = tokens[position] if position < len(tokens) else None
-        # Counting nonzero bit patterns is a fraction of flatnonzero's cost; one, at the token, is a one-hot row.
-        # Any other row (a -0.0 counts here, not in flatnonzero) is searched in full.
-        if (token is not None and row.dtype == np.float64 and row[token] == 1.0
-                and np.count_nonzero(row.view(np.int64)) == 1):
-            ids.append(np.array([token], dtype=np.intp))
-        else:
-            ids.append(np.flatnonzero(row))
-    return ids
-
-
 def truncate_to_top(probs: np.ndarray, size: int) -> np.ndarray:
     """Keep the `size` most likely entries of a row and renormalise (a draft distribution with a small support)."""
     row = np.asarray(probs, dtype=np.float64)

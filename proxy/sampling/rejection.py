@@ -166,13 +166,13 @@ def verify_on_support(draft_tokens: Sequence[int], support: KnownSupport, rng: n
     k = len(draft_tokens)
     target = np.concatenate([support.target_probs, support.outside_mass[:, None]], axis=1)
     draft = np.concatenate([support.draft_probs, np.zeros((k, 1))], axis=1)
-    columns = []
-    for position, token in enumerate(draft_tokens):
-        found = np.flatnonzero(support.ids[position] == token)
-        if found.size == 0:
-            raise ValueError(f"draft token {token} is not in the known ids of position {position}")
-        columns.append(int(found[0]))
-    folded = verify(columns, draft, target, rng)
+    # Each draft token's column: the first of its row's ids that names it (all rows compared at once).
+    named = support.ids[:k] == np.asarray(draft_tokens, dtype=np.int64).reshape(k, 1)
+    found = named.any(axis=1)
+    if not found.all():
+        position = int(np.flatnonzero(~found)[0])
+        raise ValueError(f"draft token {draft_tokens[position]} is not in the known ids of position {position}")
+    folded = verify(named.argmax(axis=1), draft, target, rng)
     row, column = folded.accepted, folded.next_token
     outside_column = support.ids.shape[1]
     token = int(support.outside_tokens[row]) if column == outside_column else int(support.ids[row, column])

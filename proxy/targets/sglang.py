@@ -12,14 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from proxy.drafting.base import Draft
 from proxy.errors import UpstreamUnavailableError
-from proxy.sampling.processors import GREEDY_TEMPERATURE_EPS, SamplerOrder, SamplingParams, draft_support_ids
-from proxy.sampling.rejection import KnownSupport
+from proxy.sampling.processors import GREEDY_TEMPERATURE_EPS, SamplerOrder, SamplingParams
 from proxy.targets import checks
 from proxy.targets.base import PositionLogprobs, ScorePlan, Scores, Verification
+from proxy.targets.sglang_parse import parse_support, parse_top, parse_verification
 from proxy.targets.sglang_probe import EXTENSION, SGLangInfo, probe_sglang, tokens
 from proxy.targets.topn import exactness_problem, logprobs_problem, support_from_top_n
 from proxy.targets.upstream import Upstream
@@ -34,94 +32,6 @@ CHAT_TEMPLATE_KEYS = ("continue_final_message", "chat_template_kwargs", "reasoni
 # our verifier's; older SGLang releases ignore them, which the handler sees in the prompt (tools.format_problem).
 PROMPT_TOOLS = "tools"
 TOOL_KEYS = (PROMPT_TOOLS, "tool_choice")
-
-
-def _top(entries: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """Parse [[logprob, id, text], ...] into id and logprob arrays."""
-    if not isinstance(entries, list) or not entries:
-        raise UpstreamUnavailableError("upstream returned no top logprobs")
-    ids = np.array(checks.token_ids([e[1] for e in entries], None, what), dtype=np.int64)
-    logprobs = np.array([checks.logprob(e[0], what) for e in entries], dtype=np.float64)
-    return ids, logprobs
-
-
-def _draft_rows(actual: list, tops: list, k: int, last_context_token: int | None) -> tuple[list, list]:
-    """The entries scoring d_1..d_K, whichever alignment the server used."""
-    first = actual[0] if actual else None
-    if len(actual) == k + 1 and first[0] is None and last_context_token in (None, int(first[1])):
-        return actual[1:], tops[1:]  # current SGLang: the last context token's null entry first
-    if len(actual) == k and (k == 0 or first[0] is not None):
-        return actual, tops  # older SGLang: no null entry unless the start is 0
-    raise UpstreamUnavailableError(f"upstream scored {len(actual)} input positions for {k} drafts")
-
-
-def parse_verification(answer: Any, draft_tokens: Sequence[int], last_context_token: int | None = None, *,
-                       top_n: int | None = None, vocab_size: int | None = None) -> Verification:
-    """Turn a /generate answer into per-position logprobs; raise on anything malformed or out of range
-    (rows `top_n` wide when given, ids below `vocab_size` when given)."""
-    width = None if top_n is None else min(top_n, vocab_size or top_n)
-    try:
-        meta = answer["meta_info"]
-        actual, tops = _draft_rows(meta["input_token_logprobs"], meta["input_top_logprobs"], len(draft_tokens),
-                                   last_context_token)
-        positions = []
-        for index, (token, entry, top) in enumerate(zip(draft_tokens, actual, tops, strict=True)):
-            what = f"draft position {index + 1}"
-            if checks.token_id(entry[1], None, what) != token:
-                raise UpstreamUnavailableError("upstream scored a different token than the draft")
-            ids, logprobs = _top(top, what)
-            scored = (token, checks.logprob(entry[0], what))
-            checks.top_position(ids, logprobs, width=width, vocab_size=vocab_size, what=what, scored=scored)
-            positions.append(PositionLogprobs(token, scored[1], ids, logprobs))
-        checks.count(meta["output_top_logprobs"], 1, "the bonus position", "rows")
-        ids, logprobs = _top(meta["output_top_logprobs"][0], "the bonus position")
-        checks.top_position(ids, logprobs, width=width, vocab_size=vocab_size, what="the bonus position")
-        positions.append(PositionLogprobs(None, None, ids, logprobs))
-        checks.count(answer["output_ids"], 1, "the answer", "output ids")
-        bonus = checks.token_id(answer["output_ids"][0], vocab_size, "the bonus token")
-        return Verification(tuple(positions), bonus, checks.tokens(meta.get("cached_tokens", 0), "cached_tokens"))
-    except checks.MALFORMED as exc:
-        raise UpstreamUnavailableError(f"upstream sent a malformed verification answer ({type(exc).__name__})") from exc
-
-
-def parse_support(answer: Any, draft_tokens: Sequence[int], support_ids: list[list[int]],
-                  draft_probs: np.ndarray, *, vocab_size: int | None = None) -> KnownSupport:
-    """Turn a /generate answer with `draft_support` into the sampler's KnownSupport; raise on anything malformed
-    or out of range (ids below `vocab_size` when given)."""
-    try:
-        extension = answer["meta_info"]["draft_support"]
-        checks.count(answer["output_ids"], 1, "the answer", "output ids")
-        bonus = checks.token_id(answer["output_ids"][0], vocab_size, "the bonus token")
-        target = [np.asarray(row, dtype=np.float64) for row in extension["target_probs"]]
-        outside_mass = [*map(float, extension["outside_mass"]), 1.0]  # the bonus row: all "outside"
-        outside_tokens = [-1 if t is None else checks.token_id(t, None, "draft_support")
-                          for t in extension["outside_tokens"]] + [bonus]
-        if not len(target) == len(outside_mass) - 1 == len(outside_tokens) - 1 == len(draft_tokens):
-            raise ValueError("draft_support has the wrong length")
-        for position, ids in enumerate(support_ids):
-            _check_support_row(position, ids, target[position], outside_mass[position], outside_tokens[position],
-                               vocab_size)
-        draft = [draft_probs[position, ids] for position, ids in enumerate(support_ids)]
-        return KnownSupport.from_rows([*support_ids, []], [*target, []], draft, np.array(outside_mass),
-                                      np.array(outside_tokens))
-    except checks.MALFORMED as exc:
-        raise UpstreamUnavailableError(
-            f"upstream sent a malformed draft_support answer ({type(exc).__name__})") from exc
-
-
-def _check_support_row(position: int, ids: list[int], target: np.ndarray, outside_mass: float, outside_token: int,
-                       vocab_size: int | None) -> None:
-    """One draft position of the extension: a probability per support id, a full distribution with the outside
-    mass, and an outside draw (where there is mass outside) that lies outside the support."""
-    what = f"draft_support position {position + 1}"
-    checks.probabilities(target, outside_mass, width=len(ids), what=what)
-    if outside_token == -1:
-        if outside_mass > 0.0:
-            raise checks.fail(f"{what} has mass outside the draft's ids but no token drawn there")
-        return
-    checks.token_id(outside_token, vocab_size, what)
-    if outside_token in ids:
-        raise checks.fail(f"{what}'s outside token {outside_token} is one of the draft's ids")
 
 
 def sampling_body(params: SamplingParams, max_new_tokens: int, seed: int) -> dict[str, Any]:
@@ -184,6 +94,14 @@ class SGLangTarget:
             return self.info.tokenize_problem
         return self.info.chat.problem if request.kind == CHAT else None
 
+    def round_cost(self) -> str | None:
+        """None: a round reads the radix cache up to its last context token (about K + 1 tokens computed)."""
+        return None
+
+    def defaults_problem(self, request: GenerationRequest) -> str | None:
+        """None: a request's fields are what the server samples with (server-side defaults are not read yet)."""
+        return None
+
     async def score(self, context: list[int], draft: Draft, plan: ScorePlan) -> Scores:
         """One /generate call: exact residual draws through the extension, else top-N folded locally."""
         if self.exact_support:
@@ -203,7 +121,7 @@ class SGLangTarget:
     async def _score_support(self, context: list[int], draft: Draft, plan: ScorePlan) -> Scores:
         """The draft-support extension: the target's probabilities on every draft candidate, and one
         target token drawn outside them, per position."""
-        support_ids = [ids.tolist() for ids in draft_support_ids(draft.probs, draft.tokens)]
+        support_ids = [ids.tolist() for ids in draft.probs.ids]
         body = {
             "input_ids": context + list(draft.tokens),
             "sampling_params": sampling_body(plan.params, 1, plan.seed),
@@ -259,7 +177,7 @@ class SGLangTarget:
                 what = f"plain token {index + 1}"
                 if checks.token_id(entry[1], None, what) != token:
                     raise checks.fail(f"{what}'s log-prob is for another token")
-                ids, logprobs = _top(top, what)
+                ids, logprobs = parse_top(top, what)
                 scored = (token, checks.logprob(entry[0], what))
                 checks.top_position(ids, logprobs, width=min(top_n, self.vocab_size or top_n),
                                     vocab_size=self.vocab_size, what=what, scored=scored)

@@ -13,13 +13,15 @@ vocabulary. What that allows:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
 from proxy.errors import UpstreamUnavailableError
-from proxy.sampling.processors import SamplerOrder, SamplingParams, draft_support_ids, processed_probs
+from proxy.sampling.draft_rows import DraftRows
+from proxy.sampling.processors import SamplerOrder, SamplingParams, processed_probs
 from proxy.sampling.rejection import KnownSupport
-from proxy.targets.base import Verification
+from proxy.targets.base import PositionLogprobs, Verification
 
 
 def exactness_problem(params: SamplingParams, top_n: int, order: SamplerOrder) -> str | None:
@@ -71,28 +73,68 @@ def unknown_mass_bound(known_logprobs: np.ndarray, temperature: float) -> float:
     return min(1.0, raw_unknown * math.exp(lowest * (1.0 / temperature - 1.0)) / tempered_known)
 
 
-def support_from_top_n(verification: Verification, draft_tokens: tuple[int, ...], draft_probs: np.ndarray,
+def support_from_top_n(verification: Verification, draft_tokens: tuple[int, ...], draft_probs: DraftRows | np.ndarray,
                        params: SamplingParams, order: SamplerOrder) -> tuple[KnownSupport, float]:
-    """Fold a top-N answer and the draft into a KnownSupport; also return the largest per-position error bound."""
+    """Fold a top-N answer and the draft into a KnownSupport; also return the largest per-position error bound.
+
+    Per position the ids are the answer's top ids, the scored token and the draft's candidates, ascending (argmax
+    ties -> lower id); an id's log-prob is the top entry's, else the scored token's, else -inf (a draft candidate
+    the target did not rank). The whole round is folded at once, without a pass over the vocabulary."""
     k = len(draft_tokens)
     if len(verification.positions) != k + 1:  # any other count would pair rows with the wrong draft positions
         raise UpstreamUnavailableError(f"upstream answer rejected: {len(verification.positions)} positions scored "
                                        f"for {k} drafts and the bonus")
-    rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # ids, target probs, draft probs per position
+    rows = draft_probs[:k] if isinstance(draft_probs, DraftRows) else DraftRows.from_dense(np.asarray(draft_probs)[:k])
+    ids, logprobs, draft, widths = _known(verification.positions, rows)
+    if not np.isfinite(logprobs).any(axis=1).all():
+        raise ValueError("every row of logits needs at least one finite value")  # as processed_probs says it
+    target = np.zeros(logprobs.shape)
+    if params.greedy:  # one-hot at the argmax: the first of equals, the lowest id (padding is -inf, never chosen)
+        target[np.arange(k + 1), np.argmax(logprobs, axis=1)] = 1.0
+    else:
+        for width in np.unique(widths).tolist():  # rows of one width together: each row as it would be alone
+            same = np.flatnonzero(widths == width)
+            target[same, :width] = processed_probs(logprobs[same, :width], params, order)
     worst = 0.0
-    draft_support = draft_support_ids(draft_probs[:k], draft_tokens)
-    for position, scored in enumerate(verification.positions):
-        known = dict(zip(scored.top_ids.tolist(), scored.top_logprobs.tolist()))
-        if scored.token_id is not None and scored.token_logprob is not None:
-            known.setdefault(scored.token_id, scored.token_logprob)
-        draft_ids = draft_support[position] if position < k else np.array([], dtype=np.int64)
-        # ascending: argmax ties -> lower id
-        ids = np.array(sorted(set(known) | set(draft_ids.tolist())), dtype=np.int64)
-        logprobs = np.array([known.get(i, -math.inf) for i in ids.tolist()])
-        rows.append((ids, processed_probs(logprobs, params, order),
-                     draft_probs[position, ids] if position < k else None))
-        if not params.greedy and exactness_problem(params, len(scored.top_ids), order) is not None:
-            worst = max(worst, unknown_mass_bound(logprobs[np.isfinite(logprobs)], params.temperature))
-    ids, target, draft = zip(*rows)
-    support = KnownSupport.from_rows(ids, target, draft[:k], np.zeros(k + 1), np.full(k + 1, -1))
+    if not params.greedy:
+        for position, scored in enumerate(verification.positions):
+            if exactness_problem(params, len(scored.top_ids), order) is not None:
+                known = logprobs[position, : widths[position]]
+                worst = max(worst, unknown_mass_bound(known[np.isfinite(known)], params.temperature))
+    support = KnownSupport(ids, draft, target, np.zeros(k + 1), np.full(k + 1, -1, dtype=np.int64))
     return support, worst
+
+
+def _known(positions: Sequence[PositionLogprobs],
+           rows: DraftRows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per position, the sorted union of the top ids, the scored token and the draft's ids, padded: ids (-1 pads),
+    log-probs (-inf pads and ids the target did not rank), the draft's probabilities, and each row's width."""
+    k = len(rows)
+    scored = [(position, p.token_id, p.token_logprob) for position, p in enumerate(positions)
+              if p.token_id is not None and p.token_logprob is not None]
+    top_sizes, draft_sizes = [p.top_ids.size for p in positions], [ids.size for ids in rows.ids]
+    sizes = [sum(top_sizes), len(scored), sum(draft_sizes)]
+    # Every entry that names an id: the top ones, the scored tokens, the draft's candidates (each of k + 1 rows).
+    row = np.concatenate([np.repeat(np.arange(k + 1), top_sizes), np.array([s[0] for s in scored], dtype=np.int64),
+                          np.repeat(np.arange(k), draft_sizes)])
+    token = np.concatenate([*(p.top_ids for p in positions), np.array([s[1] for s in scored], dtype=np.int64),
+                            *rows.ids]).astype(np.int64, copy=False)
+    logprob = np.concatenate([*(p.top_logprobs for p in positions), np.array([s[2] for s in scored], dtype=float),
+                              np.full(sizes[2], -np.inf)])
+    drafted = np.concatenate([np.zeros(sizes[0] + sizes[1]), *rows.probs])
+    rank = np.repeat(np.arange(3), sizes)  # which entry's log-prob an id takes when several name it: the first
+    order = np.lexsort((rank, token, row))
+    row, token, logprob, drafted = row[order], token[order], logprob[order], drafted[order]
+    first = np.ones(row.size, dtype=bool)  # the first entry of each (row, id): the best-ranked one
+    first[1:] = (row[1:] != row[:-1]) | (token[1:] != token[:-1])
+    starts = np.flatnonzero(first)
+    drafted = np.maximum.reduceat(drafted, starts)  # a draft candidate's probability, whichever entry came first
+    row, token, logprob = row[starts], token[starts], logprob[starts]
+    widths = np.bincount(row, minlength=k + 1)
+    column = np.arange(row.size) - (np.cumsum(widths) - widths)[row]
+    shape = (k + 1, max(int(widths.max()), 1))
+    ids, logprobs, draft = np.full(shape, -1, dtype=np.int64), np.full(shape, -np.inf), np.zeros((k, shape[1]))
+    ids[row, column], logprobs[row, column] = token, logprob
+    in_draft = row < k
+    draft[row[in_draft], column[in_draft]] = drafted[in_draft]
+    return ids, logprobs, draft, widths

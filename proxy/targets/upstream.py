@@ -29,6 +29,7 @@ from proxy.errors import (
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
+from proxy.targets.json_io import dumps, loads
 from proxy.wire.keys import key_headers
 
 log = structlog.get_logger("speculoos.upstream")
@@ -206,7 +207,7 @@ class Upstream:
     async def post_json(self, path: str, body: Any, *, client_headers: Mapping[str, str] | None = None) -> Any:
         """POST JSON and return the decoded JSON answer, or raise one of our errors. Every JSON call the proxy
         makes (scoring, tokenizing, probing) reads state only, so a stale connection is retried."""
-        return await self._json("POST", path, json.dumps(body), client_headers)
+        return await self._json("POST", path, dumps(body), client_headers)
 
     async def get_json(self, path: str) -> Any:
         """GET JSON (probes at start-up)."""
@@ -227,7 +228,7 @@ class Upstream:
         if response.status != 200:
             raise UpstreamStatusError(response.status, _error_message(response.status, text.decode(errors="replace")))
         try:
-            return json.loads(text)
+            return loads(text)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise UpstreamUnavailableError(f"upstream sent invalid JSON for {path}") from exc
         except ValueError as exc:  # an int of more digits than Python converts (sys.get_int_max_str_digits)

@@ -70,7 +70,7 @@ async def test_pre_drafted_tokens_with_the_wrong_distribution_fail_the_same_test
 
     async def wrong_rows(self):
         draft = await pre_drafted(self)
-        return None if draft is None else replace(draft, probs=np.full_like(draft.probs, 1.0 / draft.probs.shape[1]))
+        return None if draft is None else replace(draft, probs=np.full(draft.probs.shape, 1.0 / draft.probs.shape[1]))
 
     monkeypatch.setattr(ahead.DraftAhead, "draft", wrong_rows)
     assert_caught(*await pre_drafted_pvalue(served))
@@ -107,7 +107,7 @@ async def test_prediction_drafts_with_the_wrong_distribution_fail_the_same_test(
         draft = await propose(self, context, plan)
         if draft.source != PREDICTION or not draft.tokens:
             return draft
-        return replace(draft, probs=np.full_like(draft.probs, 1.0 / draft.probs.shape[1]))
+        return replace(draft, probs=np.full(draft.probs.shape, 1.0 / draft.probs.shape[1]))
 
     monkeypatch.setattr(prediction.PredictionDrafter, "propose", uniform)
     assert_caught(*await prediction_pvalue(served))
@@ -134,7 +134,7 @@ class LeadingDrafter(ToyDrafter):
             return draft
         path = self.path.greedy([*context, *draft.tokens], 3)
         return replace(draft, tokens=draft.tokens + tuple(path), source=PREDICTION, led=len(draft),
-                       probs=np.concatenate([draft.probs, one_hot(path, self.model.vocab)]))
+                       probs=np.concatenate([draft.probs.dense(), one_hot(path, self.model.vocab)]))
 
 
 async def led_pvalue(served: Served, drafter: LeadingDrafter | None = None) -> tuple[float, int]:
@@ -160,7 +160,7 @@ async def test_led_rounds_whose_model_rows_are_wrong_fail_the_same_test(served: 
     class Uniform(LeadingDrafter):
         async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
             draft = await super().propose(context, plan)
-            probs = draft.probs.copy()
+            probs = draft.probs.dense()
             probs[:draft.led] = 1.0 / probs.shape[1]
             return replace(draft, probs=probs)
 

@@ -11,6 +11,7 @@ import pytest
 
 from proxy.bench import cli, overhead, overhead_stages
 from proxy.bench.client import BenchError
+from proxy.bench.overhead_run import request_body
 from proxy.bench.overhead_target import FakeState, copy_next, plain_answer, verification_answer
 from proxy.targets.sglang import parse_verification
 
@@ -35,6 +36,15 @@ def test_defaults_make_the_full_grid() -> None:
     assert (grid.ks, grid.streams, grid.temperatures, grid.drafts) == ((1, 4, 8, 16, 32), (1, 8, 64), (0.0, 0.7),
                                                                        ("lookup", "model"))
     assert len(overhead.configurations(grid, "lookup")) == 5 * 3 * 2
+
+
+def test_pin_makes_each_request_pin_k() -> None:
+    grid = overhead.parse_grid(parse("--pin", "--ks", "8", "--streams", "1", "--temperatures", "0.7"))
+    (configuration,) = overhead.configurations(grid, "model")
+    assert configuration.pinned and request_body("prompt", configuration, 1)["speculoos"] == {"k": 8}
+    (unpinned,) = overhead.configurations(overhead.parse_grid(parse("--ks", "8", "--streams", "1",
+                                                                    "--temperatures", "0")), "lookup")
+    assert "speculoos" not in request_body("prompt", unpinned, 1)
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -112,7 +112,8 @@ async def test_the_drafter_proposes_the_prediction_first_then_the_route_drafter(
     drafter = PredictionDrafter(inner, PREDICTION_IDS, prompt_length=len(prompt))
     first = await drafter.propose(prompt, plan(8))
     assert (first.source, first.tokens) == (PREDICTION, tuple(PREDICTION_IDS[:8]))
-    assert first.probs.shape == (8, inner.vocabulary.n_vocab) and (first.probs.max(axis=1) == 1).all()  # one-hot
+    assert first.probs.shape == (8, inner.vocabulary.n_vocab)
+    assert (first.probs.dense().max(axis=1) == 1).all()  # one-hot
     trimmed = await drafter.propose(prompt, plan(8, worth=lambda probs: 3))
     assert trimmed.tokens == tuple(PREDICTION_IDS[:3])
     declined = await drafter.propose(prompt, plan(8, worth=lambda probs: 0))
@@ -191,7 +192,7 @@ async def test_after_an_edit_the_models_draft_leads_and_the_prediction_follows_i
     assert (found.source, found.led, found.tokens) == (PREDICTION, 4, tuple(goes_on[:16]))
     # Asked of the route's drafter during the edit: a lookup path shorter than the model's 4 tokens gives way.
     assert (plans[0].worth([1.0] * 3), plans[0].worth([1.0] * 5)) == (0, 5)
-    assert found.probs.shape == (16, WideVocabulary.n_vocab) and (found.probs.max(axis=1) == 1).all()
+    assert found.probs.shape == (16, WideVocabulary.n_vocab) and (found.probs.dense().max(axis=1) == 1).all()
     assert model.reads == [goes_on[4:16]]  # the model checked the prediction's part, after its own
     model.script = lambda context, k: [500, 501, 502, 503][:k]  # an edit that does not come back to the prediction
     alone = await drafter.propose(prompt + written, replace(plan(16), k=4))
@@ -208,7 +209,7 @@ async def test_a_lookup_path_in_a_prediction_request_is_checked_too() -> None:
     drafter = PredictionDrafter(model, LONG, prompt_length=len(prompt))
     after = await drafter.propose(prompt + LONG, plan(16))  # the prediction is used up: the route's lookup drafts
     assert (after.source, after.checked, after.tokens) == ("lookup", True, (600, 601, 602, 999))
-    assert (after.probs.max(axis=1) == 1).all() and after.probs[3, 999] == 1
+    assert (after.probs.dense().max(axis=1) == 1).all() and after.probs.dense()[3, 999] == 1
 
 
 async def _lookup(tokens: list[int]) -> Draft:

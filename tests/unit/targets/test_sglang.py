@@ -74,14 +74,14 @@ async def test_the_support_is_the_top_n_and_the_draft_with_the_toy_models_probab
         context = PROMPT + list(draft.tokens[:position])
         logprobs = model.log_softmax(context)
         top = np.lexsort((np.arange(VOCAB), -logprobs))[:TOP_N].tolist()
-        asked = np.flatnonzero(draft.probs[position]).tolist() if position < len(draft) else []
+        asked = draft.probs.row_ids(position).tolist()
         ids = support.ids[position][support.ids[position] >= 0]
         assert ids.tolist() == sorted(set(top) | set(asked))
         probs = model.probs(context, params, SGLANG_ORDER)
         assert support.target_probs[position, : len(ids)] == pytest.approx(probs[ids], abs=1e-12)
         assert probs[ids].sum() == pytest.approx(1.0)  # nothing of the target lies outside the known ids
         if position < len(draft):
-            assert support.draft_probs[position, : len(ids)].tolist() == draft.probs[position, ids].tolist()
+            assert support.draft_probs[position, : len(ids)].tolist() == draft.probs.dense()[position, ids].tolist()
     assert support.outside_mass.tolist() == [0.0] * (len(draft) + 1)
     assert scores.tv_bound == 0.0
 

@@ -1,0 +1,117 @@
+"""Suffix lookup's fast paths (matches compared in blocks, walks that copy) find exactly what the plain walk finds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from proxy.drafting import suffix
+from proxy.drafting.suffix import SEPARATOR, Continuation, LookupSettings
+
+
+def reference_match_lengths(corpus: np.ndarray, query: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """One position back at a time, as the lookup first did."""
+    if query.size == 0 or corpus.size < 2:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    ends = np.flatnonzero(corpus[:-1] == query[-1])
+    ends = ends[corpus[ends + 1] != SEPARATOR]
+    lengths = np.ones(ends.size, dtype=np.int64)
+    alive = np.ones(ends.size, dtype=bool)
+    for back in range(1, min(limit, query.size)):
+        before = ends - back
+        alive &= before >= 0
+        alive[alive] &= corpus[before[alive]] == query[-1 - back]
+        if not alive.any():
+            break
+        lengths += alive
+    return ends, lengths
+
+
+def reference_walk(corpus: np.ndarray, ends: np.ndarray, cap: int, min_prob: float, prefix: Continuation | None = None,
+                   *, branches_wanted: bool = False) -> tuple[Continuation, list]:
+    """Every step counted with np.unique, as the lookup first did."""
+    tokens = list(prefix.tokens) if prefix else []
+    probs = list(prefix.probs) if prefix else []
+    prob = probs[-1] if probs else 1.0
+    branches = []
+    positions = ends + 1
+    while len(tokens) < cap and positions.size:
+        positions = positions[positions < corpus.size]
+        following = corpus[positions]
+        positions, following = positions[following != SEPARATOR], following[following != SEPARATOR]
+        if not following.size:
+            break
+        values, inverse, counts = np.unique(following, return_inverse=True, return_counts=True)
+        latest = np.full(values.size, -1, dtype=np.int64)
+        np.maximum.at(latest, inverse, positions)
+        order = np.lexsort((-latest, -counts))
+        best = order[0]
+        if branches_wanted and len(order) > 1:
+            second = order[1]
+            branches.append((float(prob * counts[second] / following.size), len(tokens), int(values[second]),
+                             positions[following == values[second]]))
+        prob *= float(counts[best] / following.size)
+        if prob < min_prob:
+            break
+        tokens.append(int(values[best]))
+        probs.append(prob)
+        positions = positions[following == values[best]] + 1
+    anchoring = (prefix.match_length, prefix.anchor) if prefix else ()
+    return Continuation(tuple(tokens), tuple(probs), *anchoring), branches
+
+
+def corpus_of(rng: np.random.Generator, alphabet: int, size: int) -> np.ndarray:
+    """Random tokens with copied stretches (long matches) and a few separators."""
+    tokens = list(rng.integers(0, alphabet, size))
+    for _ in range(6):
+        start, length = int(rng.integers(0, size)), int(rng.integers(2, 90))
+        tokens += tokens[start:start + length]
+        if rng.random() < 0.3:
+            tokens.append(SEPARATOR)
+    return np.array(tokens, dtype=np.int64)
+
+
+@pytest.mark.parametrize("alphabet", [2, 5, 50, 5000])
+def test_matches_are_the_reference_matches(alphabet: int) -> None:
+    rng = np.random.default_rng(alphabet)
+    for _ in range(40):
+        corpus = corpus_of(rng, alphabet, int(rng.integers(1, 400)))
+        query = corpus[: int(rng.integers(0, corpus.size + 1))]
+        query = query[query != SEPARATOR]
+        for limit in (1, 2, 7, 64):
+            found, expected = suffix.match_lengths(corpus, query, limit), reference_match_lengths(corpus, query, limit)
+            np.testing.assert_array_equal(found[0], expected[0])
+            np.testing.assert_array_equal(found[1], expected[1])
+
+
+@pytest.mark.parametrize("alphabet", [2, 5, 50, 5000])
+def test_lookups_are_the_reference_lookups(alphabet: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(100 + alphabet)
+    cases = []
+    for _ in range(40):
+        corpus = corpus_of(rng, alphabet, int(rng.integers(2, 400)))
+        query = corpus[corpus != SEPARATOR][: int(rng.integers(1, corpus.size + 1))]
+        settings = LookupSettings(max_tokens=int(rng.integers(1, 33)), min_prob=float(rng.choice([0.0, 0.1, 0.5])),
+                                  factor=float(rng.choice([0.5, 1.0, 32.0])), candidates=int(rng.integers(1, 4)))
+        cases.append((corpus, query, settings, suffix.continuations(corpus, query, settings)))
+    monkeypatch.setattr(suffix, "match_lengths", reference_match_lengths)
+    monkeypatch.setattr(suffix, "_walk", reference_walk)
+    for corpus, query, settings, found in cases:
+        assert found == suffix.continuations(corpus, query, settings)
+
+
+def test_a_copy_is_walked_without_counting_continuations(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(9)
+    text = rng.integers(0, 10_000, 300)
+    corpus = np.concatenate([text, text[:120]])  # the output copies the start of the prompt
+    counted = []
+    unique = np.unique
+
+    def counting(values, *args, **kwargs):  # noqa: ANN001, ANN202 -- np.unique's signature
+        counted.append(kwargs.get("return_counts", False))
+        return unique(values, *args, **kwargs)
+
+    monkeypatch.setattr(suffix.np, "unique", counting)
+    (path,) = suffix.continuations(corpus, corpus, LookupSettings(max_tokens=32, factor=32.0))
+    assert path.tokens == tuple(text[120:152].tolist()) and path.probs == (1.0,) * 32
+    assert not any(counted)  # no step counted the tokens that follow: each had one continuation
