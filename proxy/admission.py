@@ -6,6 +6,7 @@ the upstream) and the route controller's speculate-or-pass decision.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
 from proxy.config.schema import SpeculationConfig
@@ -36,6 +37,8 @@ def passthrough_reason(route: RouteSnapshot, request: GenerationRequest, control
         return "speculation disabled for this route"
     if control.off:
         return "client opted out"
+    if control.forced and (refused := forcing_problem(route.speculation.allow_force, route.target)) is not None:
+        return refused
     _check_prompt_ids(request, route.vocabulary_size)
     honoured_upstream = route.target.prompt_fields(request.kind)
     answered = LOGPROB_FIELDS if request.logprobs is not None else frozenset()  # from the verification answers
@@ -43,6 +46,8 @@ def passthrough_reason(route: RouteSnapshot, request: GenerationRequest, control
         return "parameters only the upstream can honour: " + ", ".join(upstream_only)
     if (prompt := route.target.prompt_problem(request)) is not None:
         return f"cannot tokenize: {prompt}"
+    if (defaults := route.target.defaults_problem(request)) is not None:
+        return f"server defaults: {defaults}"
     params, spec = request.sampling_params, route.speculation
     problem = route.target.exactness_problem(params, spec.top_logprobs)
     if problem is not None and spec.sampling == "exact":
@@ -52,6 +57,30 @@ def passthrough_reason(route: RouteSnapshot, request: GenerationRequest, control
     if request.logprobs is not None:
         return route.target.logprobs_problem(params, request.logprobs, spec.top_logprobs)
     return None
+
+
+def forcing_problem(allow_force: bool | None, target: Target) -> str | None:
+    """Why a client may not force rounds on this route (None: it may). Unset, forcing is allowed where a round costs
+    the server O(K) tokens or the upstream is this machine: elsewhere one client would make the server re-prefill
+    its whole context every round, for everyone."""
+    if allow_force is not None:
+        return None if allow_force else "forcing refused: speculation.allow_force is false"
+    if (cost := target.round_cost()) is None or _loopback(target):
+        return None
+    return (f"forcing refused: a round costs the whole context here ({cost}); set speculation.allow_force: true "
+            "to allow it")
+
+
+def _loopback(target: Target) -> bool:
+    """Whether the target's upstream is on this machine."""
+    upstream = getattr(target, "upstream", None)  # a target built around an upstream client (every real one)
+    host = upstream.base_url.host if upstream is not None else None
+    if host is None:
+        return False
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name other than localhost: not known to be this machine
+        return False
 
 
 def _check_prompt_ids(request: GenerationRequest, vocabulary_size: int | None) -> None:

@@ -5,6 +5,11 @@
 # server already answers on PORT. Prints the base URL on its last line.
 # VLLM_EAGER=0 lets vLLM compile the model with torch.compile: about a minute more to start on
 # one core here (vLLM 0.32.0 fails to reload its compile cache), for about 10% faster decoding.
+# --enable-scale-out serves /v1/completions/render, from which the proxy learns the server's sampling defaults
+# (VLLM_SCALE_OUT=0 leaves it out). The prefix cache holds blocks of VLLM_BLOCK_SIZE tokens (default 32, the
+# smallest vLLM's CPU attention takes, near a GPU's 16; the CPU default, 128, makes each of a round's K + 1
+# prompts recompute up to 128 tokens); add --no-enable-prefix-caching to see rounds re-prefill the whole
+# context, as `speculoos check` then says.
 # The server is its own process group, pinned to the cores in VLLM_CPUS (default: core 1);
 # pid and log: out/vllm-PORT.pid, out/vllm-PORT.log. Stop it: kill -- -"$(cat out/vllm-PORT.pid)"
 set -euo pipefail
@@ -19,6 +24,8 @@ START_TIMEOUT_S=${VLLM_START_TIMEOUT_S:-900}
 LOG_DIR=${SPECULOOS_VLLM_LOG_DIR:-$PWD/out}
 EAGER=()
 [ "${VLLM_EAGER:-1}" = 1 ] && EAGER=(--enforce-eager)
+SCALE_OUT=(--enable-scale-out)
+[ "${VLLM_SCALE_OUT:-1}" = 1 ] || SCALE_OUT=()
 URL="http://127.0.0.1:$PORT"
 
 healthy() { curl -fsS -m 2 "$URL/health" > /dev/null 2>&1; }
@@ -41,7 +48,8 @@ setsid taskset -c "$CPUS" env \
     VLLM_CPU_OMP_THREADS_BIND="$CPUS" VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" \
     "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
     --model "$MODEL_DIR" --served-model-name "$MODEL" --dtype float32 \
-    --host 127.0.0.1 --port "$PORT" "${EAGER[@]}" "$@" > "$LOG" 2>&1 &
+    --host 127.0.0.1 --port "$PORT" --block-size "${VLLM_BLOCK_SIZE:-32}" "${EAGER[@]}" "${SCALE_OUT[@]}" "$@" \
+    > "$LOG" 2>&1 &
 PID=$!
 echo "$PID" > "$PID_FILE"
 echo "start_vllm: pid $PID, log $LOG; waiting for $URL/health" >&2

@@ -19,6 +19,9 @@ class SpeculationConfig(Section):
     top_logprobs: int = Field(default=20, ge=1, le=100)
     # Draft-ahead: while a round is being verified, draft the next one as if every draft is accepted.
     pipeline: bool = True
+    # Whether a client may force rounds (X-Speculoos: on or k=N, the `speculoos` field); a refused one passes
+    # through. Unset: only where a round costs the server O(K) tokens or the upstream is this machine.
+    allow_force: bool | None = None
 
     @field_validator("max_tv")
     @classmethod

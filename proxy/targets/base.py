@@ -84,6 +84,14 @@ class Target(Protocol):
         """Why the server cannot give this request's prompt ids or context length (None: it can)."""
         ...
 
+    def round_cost(self) -> str | None:
+        """Why a round costs the server its whole context (None: about K + 1 tokens, from its prefix cache)."""
+        ...
+
+    def defaults_problem(self, request: GenerationRequest) -> str | None:
+        """Why the server's own defaults for fields the request omits are not the proxy's (None: they are)."""
+        ...
+
     async def score(self, context: list[int], draft: Draft, plan: ScorePlan) -> Scores:
         """Score the draft after context in one request."""
         ...

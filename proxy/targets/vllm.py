@@ -1,21 +1,16 @@
-"""The `vllm` protocol: vLLM's /v1/completions with prompt logprobs over a token-id prompt.
+"""The `vllm` protocol: rounds over vLLM's /v1/completions with token-id prompts, used verbatim.
 
-One request per round: `prompt = context + drafts` (token ids, used verbatim), `max_tokens: 1`,
-temperature 0. vLLM scores every prompt position: entry 0 is null and entry j predicts token j,
-so entries L..L+K-1 score d_1..d_K; the one generated token is the bonus. Each entry holds the
-top-N plus the token that stands there, an extra entry when that token is outside the top-N.
-A request with prompt logprobs does not read vLLM's prefix cache: every round re-prefills the
-whole context. Shapes: vllm/entrypoints/openai/completion/ in vLLM.
+A round asks, where the server's prefix cache is on, one greedy token after each of its K + 1 prefixes
+(`context`, `context + d_1`, ..., `context + d_1..d_K`) in one request: vLLM reads the cached context and
+computes only each prompt's tail, so a round costs O(K) tokens. Elsewhere it asks prompt log-probs over
+`context + drafts`, which never read the cache: every round re-prefills the whole context. The shapes are
+read in vllm_answers.py, the server's capabilities in vllm_probe.py. Every call names the neutral value of each
+field vLLM would otherwise fill from the model's generation_config.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from proxy.drafting.base import Draft
 from proxy.errors import UpstreamUnavailableError
@@ -24,98 +19,22 @@ from proxy.targets import checks
 from proxy.targets.base import PositionLogprobs, ScorePlan, Scores, Verification
 from proxy.targets.topn import exactness_problem, logprobs_problem, support_from_top_n
 from proxy.targets.upstream import Upstream, UpstreamStatusError
+from proxy.targets.vllm_answers import output_pairs, parse_prefix_tokens, parse_verification, position
+from proxy.targets.vllm_probe import VLLMInfo, defaults_problem, parse_max_logprobs, prefix_cache, sampling_defaults
+from proxy.targets.warm_prefixes import WarmPrefixes
 from proxy.wire.request import CHAT, GenerationRequest
 
-CLAMPED_NEG_INF = -9999.0  # vLLM writes max(logprob, -9999.0): -inf does not survive JSON
-TOKEN_ID_PREFIX = "token_id:"  # output logprob keys with return_tokens_as_token_ids
 # More than any vocabulary: vLLM answers 400 "... greater than max allowed: N" (sampling_params.py).
 OVER_ANY_CAP = 1_000_000_000
-MAX_ALLOWED = re.compile(r"max allowed: (\d+)")
 # Chat-template settings vLLM's /tokenize shares with its chat endpoint (serve/tokenize/protocol.py).
 CHAT_TEMPLATE_KEYS = ("add_generation_prompt", "continue_final_message", "add_special_tokens",
                       "chat_template", "chat_template_kwargs",
                       "tools")  # rendered whatever tool_choice is, unless --exclude-tools-when-tool-choice-none
-
-
-@dataclass(frozen=True)
-class VLLMInfo:
-    """What probe() learns about the server."""
-
-    version: str
-    model: str
-    max_model_len: int
-    max_logprobs: int | None  # the --max-logprobs cap on top_n; None if the server did not say
-
-
-def _logprob(value: Any, what: str) -> float:
-    """A logprob from the wire, checked, with vLLM's clamp undone."""
-    logprob = checks.logprob(value, what)
-    return -np.inf if logprob <= CLAMPED_NEG_INF else logprob
-
-
-def _position(entries: list[tuple[int, float]], top_n: int, actual: int, vocab_size: int | None,
-              what: str) -> tuple[np.ndarray, np.ndarray]:
-    """One position's top-N, checked: the top-N and, when it is outside them, the standing token (`actual`)."""
-    known = dict(entries)
-    if not top_n <= len(known) <= top_n + 1:
-        raise checks.fail(f"{what} has {len(known)} log-probs where the top {top_n} were asked for")
-    ids, logprobs = _top(known.items(), top_n, actual)
-    scored = (actual, known[actual]) if actual in known else None
-    checks.top_position(ids, logprobs, width=top_n, vocab_size=vocab_size, what=what, scored=scored)
-    return ids, logprobs
-
-
-def _top(entries: Iterable[tuple[int, float]], top_n: int, actual: int) -> tuple[np.ndarray, np.ndarray]:
-    """Id and logprob arrays best first (ties to the lower id), without `actual` when it is an extra."""
-    pairs = dict(entries)
-    if len(pairs) > top_n:  # vLLM added the standing token beyond the top-N
-        pairs.pop(actual, None)
-    if not pairs:
-        raise UpstreamUnavailableError("upstream returned no top logprobs")
-    ids = np.fromiter(pairs.keys(), dtype=np.int64, count=len(pairs))
-    logprobs = np.fromiter(pairs.values(), dtype=np.float64, count=len(pairs))
-    order = np.lexsort((ids, -logprobs))
-    return ids[order], logprobs[order]
-
-
-def parse_verification(answer: Any, context_len: int, draft_tokens: Sequence[int], top_n: int, *,
-                       vocab_size: int | None = None) -> Verification:
-    """Turn a /v1/completions answer into per-position logprobs; raise on anything malformed or out of range
-    (ids below `vocab_size` when given)."""
-    try:
-        choice = answer["choices"][0]
-        prompt = choice["prompt_logprobs"]
-        if prompt is not None and len(prompt) != context_len + len(draft_tokens):
-            raise checks.fail(f"the answer scores {len(prompt)} prompt positions for a prompt of "
-                              f"{context_len + len(draft_tokens)}")
-        scored = prompt[context_len:]
-        positions = []
-        for index, (token, entry) in enumerate(zip(draft_tokens, scored, strict=True)):
-            if str(token) not in entry:
-                raise UpstreamUnavailableError("upstream did not score the draft token")
-            what = f"draft position {index + 1}"
-            pairs = [(checks.token_id(key, vocab_size, what), _logprob(value["logprob"], what))
-                     for key, value in entry.items()]
-            ids, logprobs = _position(pairs, top_n, token, vocab_size, what)
-            positions.append(PositionLogprobs(token, dict(pairs)[token], ids, logprobs))
-        checks.count(choice["token_ids"], 1, "the answer", "output ids")
-        bonus = checks.token_id(choice["token_ids"][0], vocab_size, "the bonus token")
-        checks.count(choice["logprobs"]["top_logprobs"], 1, "the bonus position", "rows")
-        top = choice["logprobs"]["top_logprobs"][0]
-        pairs = [(checks.token_id(key.removeprefix(TOKEN_ID_PREFIX), vocab_size, "the bonus position"),
-                  _logprob(value, "the bonus position")) for key, value in top.items()]
-        ids, logprobs = _position(pairs, top_n, bonus, vocab_size, "the bonus position")
-        positions.append(PositionLogprobs(None, None, ids, logprobs))
-        details = (answer.get("usage") or {}).get("prompt_tokens_details") or {}
-        return Verification(tuple(positions), bonus, checks.tokens(details.get("cached_tokens") or 0, "cached_tokens"))
-    except checks.MALFORMED as exc:
-        raise UpstreamUnavailableError(f"upstream sent a malformed verification answer ({type(exc).__name__})") from exc
-
-
-def parse_max_logprobs(message: str) -> int | None:
-    """The cap from vLLM's "greater than max allowed: N" error, or None."""
-    match = MAX_ALLOWED.search(message)
-    return int(match.group(1)) if match else None
+# What the proxy's rounds and plain chunks follow besides temperature and truncation: no penalty, whatever the
+# server's generation_config says for a request that omits them (admission passes through where it differs).
+NEUTRAL_PENALTIES = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+GREEDY_NEUTRAL = {"temperature": 0.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0, **NEUTRAL_PENALTIES}
+UNKNOWN_BLOCK = 16  # tokens: vLLM's default block on GPUs, assumed where /metrics names none
 
 
 class VLLMTarget:
@@ -127,7 +46,9 @@ class VLLMTarget:
         self.upstream = upstream
         self.model = model  # the served model id; discovered from /v1/models when None
         self.vocab_size: int | None = None  # the route's vocabulary: answered ids must lie below it
+        self.info: VLLMInfo | None = None  # set by probe(); until then rounds take the prompt log-probs path
         self._max_model_len: int | None = None
+        self._warm = WarmPrefixes()  # contexts vLLM computed lately: their blocks are in its prefix cache
 
     async def _model_card(self) -> dict[str, Any]:
         """The first entry of /v1/models, remembered as model id and context size."""
@@ -153,7 +74,8 @@ class VLLMTarget:
         return int(self._max_model_len or 0)
 
     async def probe(self) -> VLLMInfo:
-        """Version, model, context size and the --max-logprobs cap (from the error a huge request gets)."""
+        """Version, model, context size, the --max-logprobs cap (from the error a huge request gets), the prefix
+        cache and the server's sampling defaults."""
         await self._model_card()
         version = await self.upstream.get_json("/version")
         body = {"model": await self.served_model(), "prompt": [0], "max_tokens": 1, "prompt_logprobs": OVER_ANY_CAP}
@@ -162,10 +84,23 @@ class VLLMTarget:
             max_logprobs = None
         except UpstreamStatusError as exc:
             max_logprobs = parse_max_logprobs(exc.message)
+        defaults, source = await sampling_defaults(self.upstream, await self.served_model())
         try:
-            return VLLMInfo(str(version["version"]), str(self.model), await self.context_size(), max_logprobs)
+            self.info = VLLMInfo(str(version["version"]), str(self.model), await self.context_size(), max_logprobs,
+                                 await prefix_cache(self.upstream), defaults, source)
         except checks.MALFORMED as exc:
             raise UpstreamUnavailableError("upstream sent a malformed /version answer") from exc
+        return self.info
+
+    def round_cost(self) -> str | None:
+        """Why a round costs the server the whole context (None: it reads the prefix cache, O(K) tokens)."""
+        if self.info is not None and self.info.rounds_read_cache:
+            return None
+        return "prompt log-probs never read vLLM's prefix cache"
+
+    def defaults_problem(self, request: GenerationRequest) -> str | None:
+        """Why the server's generation_config defaults for the fields this request omits differ from the proxy's."""
+        return defaults_problem(self.info.sampling_defaults if self.info is not None else None, request.body)
 
     def exactness_problem(self, params: SamplingParams, top_n: int) -> str | None:
         """What top-N log-probs allow: vLLM returns no more."""
@@ -192,43 +127,61 @@ class VLLMTarget:
 
     async def verify(self, context: list[int], draft_tokens: list[int], top_n: int,
                      client_headers: dict[str, str] | None = None, model: str | None = None) -> Verification:
-        """Score the drafts and get the bonus position in one /v1/completions call."""
+        """Score the drafts and get the bonus position: over the prefix cache where it is on, else in one prompt
+        log-probs call."""
         if top_n < 1:
             raise ValueError("top_n must be at least 1: the argmax comes from the top list")
-        body = {
-            "model": model or await self.served_model(),  # the client's (a LoRA adapter verifies as itself)
-            "prompt": context + list(draft_tokens),
-            "max_tokens": 1,
-            "temperature": 0.0,
-            "prompt_logprobs": top_n,
-            "logprobs": top_n,
-            "return_tokens_as_token_ids": True,
-            "return_token_ids": True,
-        }
-        answer = await self.upstream.post_json("/v1/completions", body, client_headers=client_headers)
-        return parse_verification(answer, len(context), draft_tokens, top_n, vocab_size=self.vocab_size)
+        body = {"model": model or await self.served_model(),  # the client's (a LoRA adapter verifies as itself)
+                "max_tokens": 1, **GREEDY_NEUTRAL, "logprobs": top_n, "return_tokens_as_token_ids": True,
+                "return_token_ids": True}
+        if self.info is None or not self.info.rounds_read_cache:
+            body.update(prompt=context + list(draft_tokens), prompt_logprobs=top_n)
+            answer = await self.upstream.post_json("/v1/completions", body, client_headers=client_headers)
+            return parse_verification(answer, len(context), draft_tokens, top_n, vocab_size=self.vocab_size)
+        prompts = [context + list(draft_tokens[:length]) for length in range(len(draft_tokens) + 1)]
+        del body["return_token_ids"]  # it would echo each prompt's ids: the answer would grow with the context
+        block = self.info.prefix_cache.block_size if self.info.prefix_cache is not None else None
+        answer = await self._prefix_tokens(body, prompts, block or UNKNOWN_BLOCK, client_headers)
+        self._warm.add(context)
+        return parse_prefix_tokens(answer, draft_tokens, top_n, vocab_size=self.vocab_size)
+
+    async def _prefix_tokens(self, body: dict[str, Any], prompts: list[list[int]], block: int,
+                             client_headers: dict[str, str] | None) -> dict[str, Any]:
+        """One token after each prompt; a context vLLM has not computed lately is computed once first, alone, so
+        that the K + 1 prompts do not each prefill it."""
+        if len(prompts) == 1 or self._warm.covers(prompts[0], gap=block):
+            return await self.upstream.post_json("/v1/completions", {**body, "prompt": prompts},
+                                                 client_headers=client_headers)
+        first = await self.upstream.post_json("/v1/completions", {**body, "prompt": prompts[:1]},
+                                              client_headers=client_headers)
+        rest = await self.upstream.post_json("/v1/completions", {**body, "prompt": prompts[1:]},
+                                             client_headers=client_headers)
+        try:
+            shifted = [{**choice, "index": int(choice["index"]) + 1} for choice in rest["choices"]]
+            return {**first, "choices": [*first["choices"], *shifted]}
+        except checks.MALFORMED as exc:
+            raise UpstreamUnavailableError("upstream sent a malformed verification answer") from exc
 
     async def generate(self, context: list[int], max_new_tokens: int, params: SamplingParams, seed: int,
                        client_headers: dict[str, str] | None = None, model: str | None = None) -> list[int]:
         """Plain decoding on the target: up to max_new_tokens sampled by vLLM itself (EOS included)."""
         answer = await self._generate(context, max_new_tokens, params, seed, None, client_headers, model)
-        return self._plain_tokens(answer, max_new_tokens)
+        return self._plain_tokens(context, answer, max_new_tokens)
 
     async def generate_logprobs(self, context: list[int], max_new_tokens: int, params: SamplingParams, seed: int,
                                 top_n: int, client_headers: dict[str, str] | None = None,
                                 model: str | None = None) -> tuple[list[int], tuple[PositionLogprobs, ...]]:
         """Plain decoding with each sampled token's raw log-prob and the top `top_n`."""
         answer = await self._generate(context, max_new_tokens, params, seed, top_n, client_headers, model)
-        tokens = self._plain_tokens(answer, max_new_tokens)
+        tokens = self._plain_tokens(context, answer, max_new_tokens)
         try:
             logprobs = answer["choices"][0]["logprobs"]
             checks.count(logprobs["top_logprobs"], len(tokens), "a plain completion's log-probs", "rows")
             positions = []
             for index, (token, top) in enumerate(zip(tokens, logprobs["top_logprobs"], strict=True)):
                 what = f"plain token {index + 1}"
-                pairs = [(checks.token_id(key.removeprefix(TOKEN_ID_PREFIX), self.vocab_size, what),
-                          _logprob(value, what)) for key, value in top.items()]
-                ids, values = _position(pairs, top_n, token, self.vocab_size, what)
+                pairs = output_pairs(top, self.vocab_size, what)
+                ids, values = position(pairs, top_n, token, self.vocab_size, what)
                 if token not in dict(pairs):
                     raise checks.fail(f"{what} has no log-prob for the sampled token")
                 positions.append(PositionLogprobs(token, dict(pairs)[token], ids, values))
@@ -246,6 +199,7 @@ class VLLMTarget:
             "top_k": params.top_k or -1,
             "top_p": params.top_p,
             "min_p": params.min_p,
+            **NEUTRAL_PENALTIES,
             "seed": seed,
             "return_token_ids": True,
         }
@@ -253,7 +207,8 @@ class VLLMTarget:
             body.update(logprobs=top_n, return_tokens_as_token_ids=True)
         return await self.upstream.post_json("/v1/completions", body, client_headers=client_headers)
 
-    def _plain_tokens(self, answer: Any, max_new_tokens: int) -> list[int]:
+    def _plain_tokens(self, context: list[int], answer: Any, max_new_tokens: int) -> list[int]:
+        """The generated ids, checked; vLLM now holds the context and them in its prefix cache."""
         try:
             tokens = checks.token_ids(answer["choices"][0]["token_ids"], self.vocab_size, "a plain completion")
         except checks.MALFORMED as exc:
@@ -261,6 +216,7 @@ class VLLMTarget:
         if len(tokens) > max_new_tokens:
             raise checks.fail(f"a plain completion has {len(tokens)} tokens where at most {max_new_tokens} were "
                               "asked for")
+        self._warm.add(context + tokens)
         return tokens
 
     async def prompt_ids(self, body: dict, kind: str,

@@ -23,6 +23,7 @@ from tests.e2e.vllm_harness import (
     MODEL,
     TOP_N,
     assert_same_position,
+    chat_logprobs,
     divergence_margin,
     greedy,
     served_vllm,
@@ -58,11 +59,14 @@ def vllm_url(log_dir: Path) -> Iterator[str]:
         yield url
 
 
-@pytest_asyncio.fixture
-async def target(vllm_url: str) -> AsyncIterator[VLLMTarget]:
-    """A VLLMTarget with its own pooled client."""
+@pytest_asyncio.fixture(params=["prefix cache", "prompt log-probs"])
+async def target(vllm_url: str, request: pytest.FixtureRequest) -> AsyncIterator[VLLMTarget]:
+    """A VLLMTarget with its own pooled client, probed (rounds over vLLM's prefix cache) or not (prompt log-probs)."""
     upstream = Upstream(vllm_url, Timeouts(first_byte=300))
-    yield VLLMTarget(upstream)
+    target = VLLMTarget(upstream)
+    if request.param == "prefix cache":
+        assert (await target.probe()).rounds_read_cache
+    yield target
     await upstream.close()
 
 
@@ -102,7 +106,12 @@ async def test_a_draft_far_outside_the_top_n_is_not_in_the_top_list(target: VLLM
     verification = await target.verify(context, [unlikely], TOP_N)
     scored = verification.positions[0]
     assert scored.token_id == unlikely and unlikely not in scored.top_ids.tolist()
-    assert len(scored.top_ids) == TOP_N and scored.token_logprob < scored.top_logprobs[-1]
+    assert len(scored.top_ids) == TOP_N
+    # Over the prefix cache a draft has a log-prob only inside the top-N; prompt log-probs score it anywhere.
+    if target.round_cost() is None:
+        assert scored.token_logprob is None
+    else:
+        assert scored.token_logprob < scored.top_logprobs[-1]
 
 
 async def test_probe_finds_version_model_and_the_logprobs_cap(target: VLLMTarget, vllm_url: str) -> None:
@@ -254,24 +263,11 @@ def test_status_shows_vllms_verification_cost_and_the_decision(vllm_proxy: Proce
 LOGPROBS_CHAT = CHATS[3]  # a long answer: no end of generation within the tokens compared
 
 
-def chat_logprobs(url: str, *, stream: bool, headers: dict[str, str] | None = None) -> tuple[str, list[dict]]:
-    """A greedy chat answer's mode and its log-prob entries (top 3 each), streamed or whole."""
-    body = {"model": MODEL, "messages": LOGPROBS_CHAT, "max_tokens": 16, "temperature": 0, "logprobs": True,
-            "top_logprobs": 3, "stream": stream}
-    reply = http.post_json(url + "/v1/chat/completions", body, headers=headers, timeout=300)
-    assert reply.status == 200, reply.body
-    mode = reply.headers.get("x-speculoos-mode", "")  # the reply names headers in lower case
-    if not stream:
-        return mode, reply.json()["choices"][0]["logprobs"]["content"]
-    choices = [event["choices"][0] for event in http.sse_events(reply.body) if event != "[DONE]" and event["choices"]]
-    return mode, [entry for choice in choices if choice.get("logprobs") for entry in choice["logprobs"]["content"]]
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_log_probs_through_the_proxy_are_vllms_own(vllm_proxy: Process, vllm_url: str, stream: bool) -> None:
     """Greedy chat with log-probs speculates, answering vLLM's own tokens, log-probs and top 3 from its scoring."""
-    _, expected = chat_logprobs(vllm_url, stream=stream)
-    mode, actual = chat_logprobs(vllm_proxy.url, stream=stream, headers={"X-Speculoos": "on"})
+    _, expected = chat_logprobs(vllm_url, LOGPROBS_CHAT, stream=stream)
+    mode, actual = chat_logprobs(vllm_proxy.url, LOGPROBS_CHAT, stream=stream, headers={"X-Speculoos": "on"})
     assert mode == "speculative", f"not speculating:\n{vllm_proxy.log()[-3000:]}"
     assert len(actual) == len(expected) == 16
     for index, (got, want) in enumerate(zip(actual, expected, strict=True)):

@@ -116,3 +116,17 @@ def divergence_margin(url: str, prompt_ids: list[int], expected: list[int], actu
     _, tops = greedy(url, prompt_ids + expected[:index], 1, top_n=2, model=model)
     first, second = sorted(tops[0].values(), reverse=True)[:2]
     return index, first - second
+
+
+def chat_logprobs(url: str, messages: list[dict], *, stream: bool,
+                  headers: dict[str, str] | None = None) -> tuple[str, list[dict]]:
+    """A greedy chat answer's mode and its log-prob entries (top 3 each), streamed or whole."""
+    body = {"model": MODEL, "messages": messages, "max_tokens": 16, "temperature": 0, "logprobs": True,
+            "top_logprobs": 3, "stream": stream}
+    reply = http.post_json(url + "/v1/chat/completions", body, headers=headers, timeout=300)
+    assert reply.status == 200, reply.body
+    mode = reply.headers.get("x-speculoos-mode", "")  # the reply names headers in lower case
+    if not stream:
+        return mode, reply.json()["choices"][0]["logprobs"]["content"]
+    choices = [event["choices"][0] for event in http.sse_events(reply.body) if event != "[DONE]" and event["choices"]]
+    return mode, [entry for choice in choices if choice.get("logprobs") for entry in choice["logprobs"]["content"]]

@@ -80,6 +80,8 @@ async def _replay(request: web.Request) -> web.Response:
     if request.path == "/tokenize":
         kind = "POST /tokenize chat" if "messages" in body else "POST /tokenize prompt"
         return web.json_response(endpoints[kind]["body"])
+    if request.path != "/v1/completions":
+        raise web.HTTPNotFound()  # as a vLLM without the path (the scale-out ones, /metrics) answers
     if "prompt_logprobs" not in body:
         return web.json_response(endpoints["POST /v1/completions generate"]["body"])
     if body["prompt_logprobs"] > MAX_LOGPROBS:

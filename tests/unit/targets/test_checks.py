@@ -17,7 +17,7 @@ from proxy.targets import checks
 from proxy.targets.sglang import SGLangTarget, parse_support, parse_verification
 from proxy.targets.upstream import Timeouts, Upstream
 from proxy.targets.vllm import VLLMTarget
-from proxy.targets.vllm import parse_verification as parse_vllm
+from proxy.targets.vllm_answers import parse_verification as parse_vllm
 from tests.fakes.toy_model import VOCAB
 from tests.unit.targets.test_sglang_parse import SUPPORT_IDS, answer, changed, draft_probs, support_answer
 from tests.unit.targets.test_vllm import VERIFY

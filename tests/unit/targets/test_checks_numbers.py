@@ -20,7 +20,7 @@ from proxy.errors import UpstreamUnavailableError
 from proxy.targets import checks
 from proxy.targets.base import Verification
 from proxy.targets.sglang import parse_support, parse_verification
-from proxy.targets.vllm import parse_verification as parse_vllm
+from proxy.targets.vllm_answers import parse_verification as parse_vllm
 from tests.fakes.toy_model import VOCAB
 from tests.unit.targets.test_checks import VLLM_VOCAB
 from tests.unit.targets.test_sglang_parse import SUPPORT_IDS, answer, draft_probs, support_answer

@@ -15,7 +15,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from proxy.errors import UpstreamUnavailableError
 from proxy.sampling.processors import SamplerOrder, SamplingParams
 from proxy.targets.upstream import Timeouts, Upstream, UpstreamStatusError
-from proxy.targets.vllm import VLLMInfo, VLLMTarget, parse_verification
+from proxy.targets.vllm import GREEDY_NEUTRAL, NEUTRAL_PENALTIES, VLLMTarget
+from proxy.targets.vllm_answers import parse_verification
+from proxy.targets.vllm_probe import VLLMInfo
 from proxy.wire.request import CHAT, COMPLETION
 from tests.fakes.toy_model import ToyModel
 from tests.fakes.vllm import SEEN, replay_vllm_app, toy_vllm_app
@@ -23,6 +25,7 @@ from tests.fakes.vllm import SEEN, replay_vllm_app, toy_vllm_app
 DATA = Path(__file__).parent / "data"
 VERIFY = json.loads((DATA / "vllm_verify_smollm2.json").read_text())
 ENDPOINTS = json.loads((DATA / "vllm_endpoints_smollm2.json").read_text())
+NO_RENDER = "this vLLM has no /v1/completions/render"
 
 
 # The replaying fake vLLM (tests/fakes/vllm.py) on a loopback port, and the client talking to it.
@@ -45,7 +48,8 @@ async def test_verify_sends_one_completions_request_and_parses_it() -> None:
     async with fake_vllm() as (target, seen):
         verification = await target.verify([504, 3575, 282, 4649, 314], [7042, 28, 4528], 2)
     assert [p.argmax for p in verification.positions] == [7042, 30, 284, 314]
-    assert seen == [("GET /v1/models", None), ("POST /v1/completions", VERIFY["request"])]
+    # Every field vLLM could fill from generation_config is named at its neutral value.
+    assert seen == [("GET /v1/models", None), ("POST /v1/completions", {**VERIFY["request"], **GREEDY_NEUTRAL})]
 
 
 async def test_verify_names_a_configured_model_without_asking() -> None:
@@ -65,10 +69,12 @@ async def test_verify_refuses_top_n_zero() -> None:
 async def test_probe_reads_version_model_context_and_the_logprobs_cap() -> None:
     async with fake_vllm() as (target, seen):
         info = await target.probe()
-    assert info == VLLMInfo(version="0.32.0", model="smollm2-135m", max_model_len=8192, max_logprobs=20)
+    assert info == VLLMInfo(version="0.32.0", model="smollm2-135m", max_model_len=8192, max_logprobs=20,
+                            defaults_source=NO_RENDER)
     assert target.exactness_problem(SamplingParams(), 20) is not None  # top-N only: no exact residual draws
     assert target.order is SamplerOrder.TEMPERATURE_THEN_TRUNCATE
-    assert seen[-1] == ("POST /v1/completions", ENDPOINTS["POST /v1/completions over the cap"]["request"])
+    assert ("POST /v1/completions", ENDPOINTS["POST /v1/completions over the cap"]["request"]) in seen
+    assert target.round_cost() is not None  # no /metrics to show a prefix cache: rounds re-prefill
 
 
 async def test_chat_prompt_ids_use_the_servers_template() -> None:
@@ -108,7 +114,7 @@ async def test_generate_asks_vllm_to_sample_and_returns_its_token_ids() -> None:
         target.model = "smollm2-135m"
         tokens = await target.generate([504, 3575, 282, 4649, 314], 8, SamplingParams(0.7, top_p=0.9), seed=1)
     assert tokens == captured["body"]["choices"][0]["token_ids"]
-    assert seen == [("POST /v1/completions", captured["request"])]
+    assert seen == [("POST /v1/completions", {**captured["request"], **NEUTRAL_PENALTIES})]
 
 
 async def test_upstream_errors_pass_through_verify() -> None:
@@ -191,4 +197,5 @@ async def test_probe_against_the_toy_fake() -> None:
     finally:
         await upstream.close()
         await server.close()
-    assert info == VLLMInfo(version="0.32.0", model="toy", max_model_len=4096, max_logprobs=20)
+    assert info == VLLMInfo(version="0.32.0", model="toy", max_model_len=4096, max_logprobs=20,
+                            defaults_source=NO_RENDER)

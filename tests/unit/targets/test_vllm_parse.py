@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.errors import UpstreamUnavailableError
-from proxy.targets.vllm import parse_max_logprobs, parse_verification
+from proxy.targets.vllm_answers import parse_verification
+from proxy.targets.vllm_probe import parse_max_logprobs
 from tests.unit.targets.test_vllm import ENDPOINTS, VERIFY
 
 
