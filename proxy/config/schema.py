@@ -13,11 +13,8 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from proxy.config.draft import DraftConfig
-from proxy.config.section import MAX_K as MAX_K  # `x as x`: MAX_K, normal_origin, AssumedCostsConfig are re-exported
 from proxy.config.section import Section
 from proxy.config.server import ServerConfig
-from proxy.config.server import normal_origin as normal_origin
-from proxy.config.speculation import AssumedCostsConfig as AssumedCostsConfig
 from proxy.config.speculation import FallbackConfig, SpeculationConfig
 from proxy.config.upstream import PassthroughConfig, TimeoutsConfig, UpstreamConfig
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from proxy.config.schema import MAX_K
+from proxy.config.section import MAX_K
 from proxy.control.costs import RouteCosts
 from proxy.decode.events import Event, PlainEvent, RoundEvent
 from proxy.drafting.base import MODEL_SOURCE

@@ -14,8 +14,9 @@ from aiohttp import web
 
 from proxy.errors import BadRequestError
 from proxy.server.live import EVENTS_PATH, PAGE_PATH
-from proxy.server.paths import has_dot_segment, is_api_path
+from proxy.server.paths import is_api_path
 from proxy.server.runtime import CONFIG
+from proxy.targets.upstream import has_dot_segment
 from proxy.wire.browsers import refuse_foreign, same_origin
 from proxy.wire.errors import Handler
 from proxy.wire.keys import client_key

@@ -15,7 +15,6 @@ from fnmatch import fnmatchcase
 from proxy.config.schema import Route
 from proxy.config.upstream import OWN_PREFIX
 from proxy.errors import PathNotFoundError
-from proxy.targets.upstream import has_dot_segment as has_dot_segment  # re-exported: the guard refuses them
 
 # What OpenAI's clients call: the proxy's own endpoints and those it forwards (`*` spans segments, as in fnmatch).
 OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/*", "/v1/embeddings",

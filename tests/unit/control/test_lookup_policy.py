@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from proxy.config.schema import AssumedCostsConfig, FallbackConfig
+from proxy.config.speculation import AssumedCostsConfig, FallbackConfig
 from proxy.control.costs import AssumedCosts, RouteCosts
 from proxy.control.lookup import MAX_PLAIN_CHUNK, MIN_PLAIN_CHUNK, lookup_length, plain_chunk_size
 from proxy.control.policy import Choice, RequestPolicy

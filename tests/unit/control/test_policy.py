@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config.schema import AssumedCostsConfig, FallbackConfig
+from proxy.config.speculation import AssumedCostsConfig, FallbackConfig
 from proxy.control.costs import AssumedCosts, Calibration, RouteCosts
 from proxy.control.policy import (
     MEASURING,
