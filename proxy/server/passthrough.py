@@ -9,6 +9,7 @@ the generation handlers read (and may rewrite) the JSON body before it is forwar
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -88,8 +89,15 @@ async def _write(response: web.StreamResponse, chunk: bytes, meter: TokenMeter |
     if meter is None:
         await response.write(chunk)
         return
+    # A write suspends only to wait for the client to take bytes (aiohttp drains a paused transport): a callback
+    # queued now has run by its end exactly then. Time the proxy itself was off the CPU is not the client's.
+    suspended: list[bool] = []
+    handle = asyncio.get_running_loop().call_soon(suspended.append, True)
     began = time.perf_counter()
     await response.write(chunk)
+    if not suspended:  # the client kept up
+        handle.cancel()
+        return
     meter.client_wait += time.perf_counter() - began
 
 

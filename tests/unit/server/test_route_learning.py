@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
@@ -66,6 +68,22 @@ def streaming_upstream(events: int, content_bytes: int, pause_s: float) -> web.A
     return app
 
 
+@asynccontextmanager
+async def passing_through(upstream: web.Application) -> AsyncIterator[TestServer]:
+    """A proxy whose one route forwards every request to `upstream` untouched."""
+    fake = TestServer(upstream)
+    await fake.start_server()
+    route = {"name": "plain", "match": {"model": "*"},
+             "upstream": {"url": str(fake.make_url("")), "protocol": "openai"}}
+    proxy = TestServer(create_app(parse_config({"routes": [route]})))
+    await proxy.start_server()
+    try:
+        yield proxy
+    finally:
+        await proxy.close()
+        await fake.close()
+
+
 @pytest.mark.parametrize(("upstream", "client_pause_s", "learns"), [
     # 12 MiB in one go while the client reads nothing for a second: TCP holds the upstream back for the client.
     (streaming_upstream(48, 256 << 10, 0.0), 1.0, False),
@@ -75,13 +93,7 @@ def streaming_upstream(events: int, content_bytes: int, pause_s: float) -> web.A
 async def test_a_stream_a_client_held_back_does_not_time_the_targets_decoding(upstream: web.Application,
                                                                               client_pause_s: float,
                                                                               learns: bool) -> None:
-    fake = TestServer(upstream)
-    await fake.start_server()
-    route = {"name": "plain", "match": {"model": "*"},
-             "upstream": {"url": str(fake.make_url("")), "protocol": "openai"}}
-    proxy = TestServer(create_app(parse_config({"routes": [route]})))
-    await proxy.start_server()
-    try:
+    async with passing_through(upstream) as proxy:
         costs = proxy.app[RUNTIMES]["plain"].controller.costs
         before = costs.plain_per_token.samples
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -92,19 +104,10 @@ async def test_a_stream_a_client_held_back_does_not_time_the_targets_decoding(up
             await asyncio.sleep(client_pause_s)
             assert (await reply.read()).endswith(b"data: [DONE]\n\n")
         assert (costs.plain_per_token.samples > before) is learns
-    finally:
-        await proxy.close()
-        await fake.close()
 
 
 async def test_a_client_that_hangs_up_mid_stream_is_logged_as_gone_not_as_our_error() -> None:
-    fake = TestServer(streaming_upstream(400, 8, 0.01))
-    await fake.start_server()
-    route = {"name": "plain", "match": {"model": "*"},
-             "upstream": {"url": str(fake.make_url("")), "protocol": "openai"}}
-    proxy = TestServer(create_app(parse_config({"routes": [route]})))
-    await proxy.start_server()
-    try:
+    async with passing_through(streaming_upstream(400, 8, 0.01)) as proxy:
         with structlog.testing.capture_logs() as logs:
             body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
             async with aiohttp.ClientSession() as session:
@@ -116,6 +119,3 @@ async def test_a_client_that_hangs_up_mid_stream_is_logged_as_gone_not_as_our_er
                     await asyncio.sleep(0.02)
         logged = next(entry for entry in logs if entry["event"] == "request")
         assert (logged["status"], logged["error"]) == (499, "client disconnected")
-    finally:
-        await proxy.close()
-        await fake.close()
