@@ -7,9 +7,13 @@ log-probs; json's pure-Python-object paths cost a large share of a round's CPU t
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import orjson
+
+# Ints orjson may read as floats: past 2**64 - 1 (20 digits), below -2**63 (19 digits and a sign).
+_LONG_NUMBER = re.compile(rb"-\d{19}|\d{20}")
 
 
 def dumps(body: Any) -> bytes | str:
@@ -23,7 +27,10 @@ def dumps(body: Any) -> bytes | str:
 
 def loads(text: bytes) -> Any:
     """An answer read as json reads it: orjson's for valid JSON (several times faster on top-N rows), json's for
-    what only json reads (NaN, Infinity, ints past 64 bits: the answer's checks name them) or to raise as before."""
+    what only json reads (NaN, Infinity: the answer's checks name them) or to raise as before, and for a number of
+    19 digits or more (orjson reads an int past 64 bits as a float, where json keeps it whole)."""
+    if _LONG_NUMBER.search(text) is not None:
+        return json.loads(text)
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
