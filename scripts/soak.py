@@ -46,6 +46,7 @@ STOP_WITHIN_S = 1.0
 QUIET_EVERY_S = 120.0
 HOSTILE_WINDOW_S, CLEAN_WINDOW_S = 120.0, 60.0
 ATTACKERS = 2
+ATTACK_PAUSE_S = 1.0  # between one attacker's attacks: a hostile mix beside the traffic, not a flood
 P95_LIMIT = 1.5
 DRAFTS_METRIC = re.compile(rb"^speculoos_spec_decode_num_drafts_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 
@@ -132,7 +133,7 @@ class Soak:
         while time.monotonic() < until:
             await self.open.wait()
             await self.hostile.wait()
-            if not self.open.is_set():
+            if not self.open.is_set() or time.monotonic() >= until:
                 continue
             self.in_flight += 1
             try:
@@ -144,14 +145,16 @@ class Soak:
                 self.failures.append(f"attack: client error: {type(exc).__name__}: {exc}")
             finally:
                 self.in_flight -= 1
+            await asyncio.sleep(ATTACK_PAUSE_S)
 
     async def windows(self, until: float) -> None:
         """Hostile and clean windows in turn, until the end."""
         while time.monotonic() < until:
             self.hostile.set()
-            await asyncio.sleep(HOSTILE_WINDOW_S)
+            await asyncio.sleep(min(HOSTILE_WINDOW_S, max(0.0, until - time.monotonic())))
             self.hostile.clear()
-            await asyncio.sleep(CLEAN_WINDOW_S)
+            await asyncio.sleep(min(CLEAN_WINDOW_S, max(0.0, until - time.monotonic())))
+        self.hostile.set()  # attackers waiting for a window see the end
 
     async def drafts(self, session: aiohttp.ClientSession) -> float:
         async with session.get(self.proxy + "/metrics") as reply:
@@ -190,14 +193,11 @@ class Soak:
             workers = [asyncio.create_task(self.worker(session, until)) for _ in range(self.concurrency)]
             if self.attack is not None:
                 workers += [asyncio.create_task(self.attacker(session, until)) for _ in range(ATTACKERS)]
-                windows = asyncio.create_task(self.windows(until))
+                workers.append(asyncio.create_task(self.windows(until)))
             while time.monotonic() + QUIET_EVERY_S < until:
                 await asyncio.sleep(QUIET_EVERY_S)
                 await self.quiet_check(session)
             await asyncio.gather(*workers)
-            if self.attack is not None:
-                windows.cancel()
-                self.hostile.set()  # an attacker waiting for a window that will not come sees the end
             await self.quiet_check(session)
 
 
@@ -222,10 +222,11 @@ def main() -> int:
     parser.add_argument("--hostile", action="store_true", help="attackers beside the clients (see the docstring)")
     args = parser.parse_args()
     with local_stack(args.target, args.draft, parallel=args.concurrency, live=args.hostile) as stack:
-        warm = Soak(stack.proxy_url, args.concurrency, args.seed + 1)
+        attack = Attack(stack.proxy_url, stack.verifier_url, PROMPTS, random.Random(args.seed + 2))
+        # With attackers the warm-up has them too: the memory their bodies took once is the baseline, growth is not.
+        warm = Soak(stack.proxy_url, args.concurrency, args.seed + 1, attack if args.hostile else None)
         asyncio.run(warm.run(args.warmup_minutes))
         start_usage = {"verifier": Usage.of(stack.verifier_pid), "proxy": Usage.of(stack.proxy_pid)}
-        attack = Attack(stack.proxy_url, stack.verifier_url, PROMPTS, random.Random(args.seed + 2))
         soak = Soak(stack.proxy_url, args.concurrency, args.seed, attack if args.hostile else None)
         asyncio.run(soak.run(args.minutes))
         end_usage = {"verifier": Usage.of(stack.verifier_pid), "proxy": Usage.of(stack.proxy_pid)}

@@ -19,6 +19,10 @@ from yarl import URL
 LIVE_READ_S = 2.0  # how long a foreign reader watches the live feed
 SLOW_READ_S = 5.0  # how long a slow client leaves a stream unread
 JSON = {"Content-Type": "application/json"}
+# Built once: the attack is what the proxy does with them, not what building them costs this client.
+JUNK = b'{"model": "m", "junk": [' + b",".join([b"[]"] * 2_700_000) + b"]}"  # 8 MiB: some 170 MB once parsed
+DEEP = b"[" * 100_000 + b"]" * 100_000
+HUGE_NUMBER = b'{"model": "m", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}"
 
 
 @dataclass
@@ -109,14 +113,12 @@ async def verifier_plain_text(a: Attack, session: aiohttp.ClientSession) -> str 
 
 
 async def junk_json(a: Attack, session: aiohttp.ClientSession) -> str | None:
-    """8 MiB of empty lists: some 170 MB once parsed."""
-    body = b'{"model": "m", "junk": [' + b",".join([b"[]"] * 2_700_000) + b"]}"
-    return await _send(session, "POST", a.proxy + "/v1/chat/completions", refused=True, data=body, headers=JSON)
+    """8 MiB of empty lists."""
+    return await _send(session, "POST", a.proxy + "/v1/chat/completions", refused=True, data=JUNK, headers=JSON)
 
 
 async def deep_or_huge(a: Attack, session: aiohttp.ClientSession) -> str | None:
-    body = a.rng.choice([b"[" * 100_000 + b"]" * 100_000,
-                          b'{"model": "m", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}",
+    body = a.rng.choice([DEEP, HUGE_NUMBER,
                           json.dumps(_chat("hi", prediction={"type": "content", "content": "\ud800"})).encode()])
     return await _send(session, "POST", a.proxy + "/v1/completions", refused=True, data=body, headers=JSON)
 
@@ -132,7 +134,7 @@ async def placeholder_key(a: Attack, session: aiohttp.ClientSession) -> str | No
 async def slow_reader(a: Attack, session: aiohttp.ClientSession) -> str | None:
     """A stream left unread for seconds, passed through and speculated."""
     headers = {"X-Speculoos": a.rng.choice(["off", "auto"])}
-    async with session.post(a.proxy + "/v1/chat/completions", json=_chat(a.prompts[0], stream=True, max_tokens=64),
+    async with session.post(a.proxy + "/v1/chat/completions", json=_chat(a.prompts[0], stream=True),
                             headers=headers) as reply:
         await reply.content.readline()
         await asyncio.sleep(SLOW_READ_S)
