@@ -22,6 +22,7 @@ from proxy.engine.llama import EngineOptions, LlamaEngine, Step
 from proxy.engine.sequences import MIN_COPIED_TOKENS
 from proxy.sampling.processors import SamplerOrder, SamplingParams
 from tests import support as http
+from tests.e2e import greedy
 from tests.e2e.proxy_harness import streaming
 from tests.e2e.servers import SMOL, THREADS, Process, start_proxy, write_routes
 
@@ -201,10 +202,19 @@ def test_a_stream_whose_client_leaves_frees_its_sequence(smol_verifier: Process)
 # -- the proxy -----------------------------------------------------------------------------------------
 
 
-async def test_concurrent_speculative_requests_equal_each_served_alone(smol_proxy: Process) -> None:
+async def test_concurrent_speculative_requests_equal_each_served_alone(smol_proxy: Process,
+                                                                      smol_verifier: Process) -> None:
     alone, together = await alone_then_together(smol_proxy.url, {"X-Speculoos": "k=4"})
     assert all(mode == "speculative" for _, mode, _ in alone + together)
-    assert [t[0] for t in together] == [a[0] for a in alone]
+    for prompt, (expected, _, _), (actual, _, _) in zip(PROMPTS, alone, together, strict=True):
+        if actual != expected:
+            # Rounds of requests in flight together share the verifier's batches, so their rows are split otherwise
+            # than alone: only a top-two gap that batch shape measurably moves may break the other way.
+            ids = greedy.tokenize(smol_verifier.url, {"messages": [{"role": "user", "content": prompt}]})
+            text = greedy.tokenize(smol_verifier.url, {"prompt": expected, "add_special_tokens": False})
+            tolerance = greedy.near_tie_tolerance(smol_verifier.url, ids + text)
+            where = greedy.find_divergence(smol_verifier.url, ids, expected, actual)
+            assert where.is_near_tie(tolerance), f"{prompt!r}: {where}, tolerance {tolerance:.4f}"
     wait_until_free(smol_proxy, "/speculoos/status")
 
 
