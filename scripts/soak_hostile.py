@@ -21,6 +21,7 @@ SLOW_READ_S = 5.0  # how long a slow client leaves a stream unread
 JSON = {"Content-Type": "application/json"}
 # Built once: the attack is what the proxy does with them, not what building them costs this client.
 JUNK = b'{"model": "m", "junk": [' + b",".join([b"[]"] * 2_700_000) + b"]}"  # 8 MiB: some 170 MB once parsed
+JUNK_WITHIN = b'{"model": "m", "junk": [' + b",".join([b"[]"] * 440_000) + b"]}"  # as much as one body may parse
 DEEP = b"[" * 100_000 + b"]" * 100_000
 HUGE_NUMBER = b'{"model": "m", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}"
 
@@ -113,8 +114,9 @@ async def verifier_plain_text(a: Attack, session: aiohttp.ClientSession) -> str 
 
 
 async def junk_json(a: Attack, session: aiohttp.ClientSession) -> str | None:
-    """8 MiB of empty lists."""
-    return await _send(session, "POST", a.proxy + "/v1/chat/completions", refused=True, data=JUNK, headers=JSON)
+    """Empty lists: 8 MiB of them, or as many as server.max_body_parsed_bytes lets one body parse."""
+    return await _send(session, "POST", a.proxy + "/v1/chat/completions", refused=True,
+                       data=a.rng.choice([JUNK, JUNK_WITHIN]), headers=JSON)
 
 
 async def deep_or_huge(a: Attack, session: aiohttp.ClientSession) -> str | None:

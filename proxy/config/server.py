@@ -41,6 +41,9 @@ class ServerConfig(Section):
     # What the JSON bodies of the requests in flight may take once parsed (estimated before parsing, at most 5 times
     # the text plus 64 bytes a value); a request past it is a 503 with Retry-After, a body past it alone a 413.
     max_parsed_bytes: int = Field(default=GIB, gt=0)
+    # What one body may take once parsed, a 413 past it: some million values (OpenAI caps an embeddings request at
+    # 300,000 token ids) or the largest body as text.
+    max_body_parsed_bytes: int = Field(default=64 * MIB, gt=0)
     live: bool = False  # GET /speculoos/live: shows prompts and outputs, so off unless asked for
     # The live page's view of every tenant (each API key sees its own requests without it); generated when unset.
     live_token: SecretStr | None = None

@@ -138,7 +138,8 @@ def create_app(config: Config, *, load_drafter: DrafterLoader = LlamaDrafter.loa
                cost_scale: float = 1.0) -> web.Application:
     """The proxy application for a validated config (cost_scale: see open_resources)."""
     # The guard inside the error middleware: its refusals are rendered like every other error.
-    held = in_flight_limit(config.server.max_in_flight, config.server.max_parsed_bytes)
+    held = in_flight_limit(config.server.max_in_flight, config.server.max_parsed_bytes,
+                           config.server.max_body_parsed_bytes)
     app = web.Application(middlewares=[error_middleware, held, guard.browser_guard],
                           client_max_size=config.server.max_body_bytes)
     app.on_response_prepare.append(guard.add_cors_headers)

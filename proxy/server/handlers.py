@@ -29,16 +29,17 @@ from proxy.observability.logs import SwitchLog
 from proxy.observability.metrics import RouteMetrics
 from proxy.observability.request_stats import RequestStats
 from proxy.server import guard, live
-from proxy.server.in_flight import parse_body, read_body
+from proxy.server.in_flight import read_body
 from proxy.server.passthrough import forward, upstream_body
 from proxy.server.runtime import CONFIG, METRICS, RUNTIMES, RouteRuntime, runtime_for
 from proxy.targets.base import Target
 from proxy.targets.recording import LogprobRecorder
 from proxy.wire.control import RequestControl, request_control
 from proxy.wire.emit import write_generation
+from proxy.wire.json_body import parse_body
 from proxy.wire.keys import key_headers
 from proxy.wire.logprobs import LogprobsWriter
-from proxy.wire.request import CHAT, COMPLETION, GenerationRequest, parse_generation_request, parse_json
+from proxy.wire.request import CHAT, COMPLETION, GenerationRequest, parse_generation_request
 from proxy.wire.response import prediction_details
 from proxy.wire.textstream import TextStream
 from proxy.wire.tools import ToolCallStream, format_problem, parses_tool_calls, prompt_text
@@ -76,7 +77,7 @@ def _untouched(request: web.Request, body: Any) -> RouteRuntime | None:
 
 async def _generation(request: web.Request, kind: str) -> web.StreamResponse:
     started = time.perf_counter()
-    body = await parse_body(await read_body(request), parse_json)
+    body = await parse_body(await read_body(request))
     try:
         parsed = parse_generation_request(body, kind)  # type: ignore[arg-type]
     except BadRequestError:

@@ -4,17 +4,14 @@ size: `[[],[],…]` makes a list of 64 bytes from every 3)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
 
 from proxy.errors import OverloadedError, PayloadTooLargeError
 from proxy.wire.errors import Handler
 
-LARGE_BODY_BYTES = 256 << 10  # parsed in a worker thread: the event loop serves other requests meanwhile
 RETRY_AFTER_S = 1  # requests finish in seconds: a client may try again soon
 VALUE_BYTES = 64  # a small Python object (an empty list, a short string, an int) plus its slot in its container
 TEXT_BYTES = 5  # a byte of text: its own copy, and up to 4 bytes a character once a string holds one astral char
@@ -47,23 +44,20 @@ async def read_body(request: web.Request) -> bytes:
     return raw
 
 
-async def parse_body(raw: bytes, parse: Callable[[bytes], Any]) -> Any:
-    """parse(raw), off the event loop for a large body (8 MiB of JSON takes about a second to parse)."""
-    return parse(raw) if len(raw) < LARGE_BODY_BYTES else await asyncio.to_thread(parse, raw)
-
-
-def in_flight_limit(limit: int, parsed_budget: int) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def in_flight_limit(limit: int, parsed_budget: int,
+                    body_parsed_limit: int) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
     """A middleware that answers 503 while `limit` requests are in flight or their parsed bodies would pass
-    `parsed_budget` bytes, and 413 for a body that alone would."""
+    `parsed_budget` bytes, and 413 for a body that alone would pass `body_parsed_limit` or the budget."""
     holding = _Holding()
 
     def reserver(reserved: list[int]) -> Callable[[int], None]:
         def reserve(size: int) -> None:
             if reserved:  # read twice: reserved once
                 return
-            if size > parsed_budget:
-                raise PayloadTooLargeError(f"the request body would take about {size >> 20} MiB once parsed, "
-                                           f"more than server.max_parsed_bytes ({parsed_budget >> 20} MiB)")
+            for cap, name in ((body_parsed_limit, "max_body_parsed_bytes"), (parsed_budget, "max_parsed_bytes")):
+                if size > cap:
+                    raise PayloadTooLargeError(f"the request body would take about {size >> 20} MiB once parsed, "
+                                               f"more than server.{name} ({cap >> 20} MiB)")
             if holding.parsed_bytes + size > parsed_budget:
                 raise OverloadedError("the requests in flight hold their share of server.max_parsed_bytes",
                                       retry_after_s=RETRY_AFTER_S)

@@ -8,9 +8,10 @@ from aiohttp import web
 
 from proxy.server import paths
 from proxy.server.handlers import MODE_HEADER, PASSTHROUGH
-from proxy.server.in_flight import parse_body, read_body
+from proxy.server.in_flight import read_body
 from proxy.server.passthrough import forward
 from proxy.server.runtime import CONFIG, runtime_for
+from proxy.wire.json_body import parse_body
 
 
 async def passthrough_any(request: web.Request) -> web.StreamResponse:

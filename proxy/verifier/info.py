@@ -18,7 +18,7 @@ from aiohttp import web
 from proxy.engine.vocabulary import LlamaVocabulary
 from proxy.errors import BadRequestError
 from proxy.verifier.model import VerifierModel
-from proxy.wire.request import read_json
+from proxy.wire.json_body import read_json
 from proxy.wire.tools import request_tools, template_messages
 
 MODEL = web.AppKey("model", VerifierModel)

@@ -34,7 +34,8 @@ from proxy.wire.browsers import Bound
 from proxy.wire.emit import write_generation
 from proxy.wire.errors import error_middleware
 from proxy.wire.fields import RESPONSE_EXTRAS
-from proxy.wire.request import CHAT, COMPLETION, GenerationRequest, parse_generation_request, read_json
+from proxy.wire.json_body import read_json
+from proxy.wire.request import CHAT, COMPLETION, GenerationRequest, parse_generation_request
 from proxy.wire.textstream import TextStream
 from proxy.wire.tools import ToolCallStream, parses_tool_calls, request_tools, template_messages
 

@@ -6,11 +6,8 @@ and vLLM's server.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
-
-from aiohttp import web
 
 from proxy.errors import BadRequestError, ContextOverflowError
 from proxy.sampling.processors import SamplingParams
@@ -186,20 +183,3 @@ def parse_generation_request(body: Any, kind: Literal["chat", "completion"]) -> 
         prediction=_prediction(body),
         logprobs=requested_logprobs(body, kind),
     )
-
-
-async def read_json(request: web.Request) -> Any:
-    """The request body as JSON, or a 400 that says why not."""
-    return parse_json(await request.read())
-
-
-def parse_json(raw: bytes) -> Any:
-    """A request body as JSON, or a 400 that says why not."""
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequestError(f"the request body is not valid JSON: {exc}") from exc
-    except ValueError as exc:  # an integer longer than Python converts (sys.get_int_max_str_digits)
-        raise BadRequestError(f"the request body holds a number too long to read: {exc}") from exc
-    except RecursionError as exc:  # arrays or objects nested deeper than the parser's recursion limit
-        raise BadRequestError("the request body is nested too deeply") from exc

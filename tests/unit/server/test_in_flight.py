@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import aiohttp
 from aiohttp import web
@@ -11,7 +10,6 @@ from aiohttp.test_utils import TestServer
 
 from proxy.config.load import parse_config
 from proxy.server.app import create_app
-from proxy.server.in_flight import LARGE_BODY_BYTES, parse_body
 
 
 async def test_a_request_past_the_cap_is_a_503_and_the_next_one_is_served() -> None:
@@ -134,10 +132,21 @@ async def test_at_the_default_budget_such_bodies_are_served_side_by_side() -> No
         await upstream.close()
 
 
-async def test_a_large_body_is_parsed_off_the_event_loop() -> None:
-    def where(raw: bytes) -> str:
-        return threading.current_thread().name
-
-    loop_thread = threading.current_thread().name
-    assert await parse_body(b"{}", where) == loop_thread  # a small one: not worth a thread
-    assert await parse_body(junk(LARGE_BODY_BYTES // 3), where) != loop_thread
+async def test_one_body_past_its_own_share_is_a_413_and_one_within_it_is_served() -> None:
+    fake = HeldEmbeddings()
+    fake.release.set()
+    upstream = TestServer(fake.app)
+    await upstream.start_server()
+    proxy = await proxy_for(upstream)  # the default budget holds either body many times over
+    post = {"headers": {"Content-Type": "application/json"}}
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(proxy.make_url("/v1/embeddings"), data=junk(1_000_000), **post) as refused:
+                assert refused.status == 413
+                assert "server.max_body_parsed_bytes" in (await refused.json())["error"]["message"]
+            assert fake.bodies == 0
+            async with session.post(proxy.make_url("/v1/embeddings"), data=junk(400_000), **post) as served:
+                assert served.status == 200  # about 55 MiB estimated (a bracket and a comma a list)
+    finally:
+        await proxy.close()
+        await upstream.close()
