@@ -42,7 +42,8 @@ from proxy.wire.logprobs import LogprobsWriter
 from proxy.wire.request import CHAT, COMPLETION, GenerationRequest, parse_generation_request
 from proxy.wire.response import prediction_details
 from proxy.wire.textstream import TextStream
-from proxy.wire.tools import ToolCallStream, format_problem, parses_tool_calls, prompt_text
+from proxy.wire.tool_stream import ToolCallStream
+from proxy.wire.tools import format_problem, parses_tool_calls, prompt_text
 
 log = structlog.get_logger("speculoos.request")
 

@@ -37,7 +37,8 @@ from proxy.wire.fields import RESPONSE_EXTRAS
 from proxy.wire.json_body import read_json
 from proxy.wire.request import CHAT, COMPLETION, GenerationRequest, parse_generation_request
 from proxy.wire.textstream import TextStream
-from proxy.wire.tools import ToolCallStream, parses_tool_calls, request_tools, template_messages
+from proxy.wire.tool_stream import ToolCallStream
+from proxy.wire.tools import parses_tool_calls, request_tools, template_messages
 
 UNSUPPORTED_HERE = "the speculoos verifier does not support {fields}; send them to a full server"
 TEMPLATED_HERE = frozenset({"tools"})  # rendered by the chat template; calls read from the output (wire/tools.py)

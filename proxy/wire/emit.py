@@ -14,7 +14,8 @@ from proxy.wire.logprobs import LogprobsWriter
 from proxy.wire.request import CHAT, GenerationRequest
 from proxy.wire.response import SSE_HEADERS, ResponseShape, sse_event, usage
 from proxy.wire.textstream import Delta, TextStream
-from proxy.wire.tools import ToolCallStream, rewrite_body
+from proxy.wire.tool_stream import ToolCallStream
+from proxy.wire.tools import rewrite_body
 
 
 @dataclass

@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.errors import BadRequestError
-from proxy.wire import tools
+from proxy.wire import tool_stream
+from proxy.wire.tool_stream import ToolCallStream
 from proxy.wire.tools import (
-    ToolCallStream,
     format_problem,
     parse_tool_calls,
     parses_tool_calls,
@@ -274,7 +274,7 @@ def test_a_long_call_streams_in_steps_that_grow_with_its_length_not_its_square(p
     text = f'Sure.\n<tool_call>\n{{"name": "write_file", "arguments": {LONG_ARGUMENTS}}}\n</tool_call>'
     pieces = [text[at:at + piece] for at in range(0, len(text), piece)]
     results: list = []
-    steps = lines_run(tools.__file__, lambda: results.append(stream_all(pieces)))
+    steps = lines_run(tool_stream.__file__, lambda: results.append(stream_all(pieces)))
     content, calls, reason, _ = results[0]
     assert (content, calls[0]["arguments"], reason) == ("Sure.\n", LONG_ARGUMENTS, "tool_calls")
     assert steps <= 40 * len(text)  # about 20: rescanning the whole text on every push takes 300 to 1,200
