@@ -10,6 +10,7 @@
 # smallest vLLM's CPU attention takes, near a GPU's 16; the CPU default, 128, makes each of a round's K + 1
 # prompts recompute up to 128 tokens); add --no-enable-prefix-caching to see rounds re-prefill the whole
 # context, as `speculoos check` then says.
+# SPECULOOS_VLLM_MODEL_DIR serves another folder under the model's name (the set-up still runs).
 # The server is its own process group, pinned to the cores in VLLM_CPUS (default: core 1);
 # pid and log: out/vllm-PORT.pid, out/vllm-PORT.log. Stop it: kill -- -"$(cat out/vllm-PORT.pid)"
 set -euo pipefail
@@ -37,6 +38,7 @@ if healthy; then
 fi
 
 MODEL_DIR=$(scripts/setup_vllm.sh | tail -n 1)
+MODEL_DIR=${SPECULOOS_VLLM_MODEL_DIR:-$MODEL_DIR}  # a folder of its own (a changed generation_config, say)
 mkdir -p "$LOG_DIR"
 LOG="$LOG_DIR/vllm-$PORT.log"
 PID_FILE="$LOG_DIR/vllm-$PORT.pid"

@@ -62,7 +62,7 @@ class RouteRuntime:
         if self.target is None or self.drafter is None:
             return None
         self.capabilities = await self.target.probe()
-        self.tokenizer = await check_tokenizer(self.drafter.vocabulary, self.upstream)
+        self.tokenizer = await check_tokenizer(self.drafter.vocabulary, self.upstream, self.target.ends_seen)
         if calibrate and self.tokenizer.compatible and self.route.fallback.calibrate:
             await self.calibrate()
         return self.tokenizer

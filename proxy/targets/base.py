@@ -14,6 +14,7 @@ import numpy as np
 from proxy.drafting.base import Draft
 from proxy.sampling.processors import SamplerOrder, SamplingParams
 from proxy.sampling.rejection import KnownSupport
+from proxy.targets.stopping import EndEvidence
 from proxy.wire.request import GenerationRequest
 
 
@@ -39,6 +40,7 @@ class Verification:
     positions: tuple[PositionLogprobs, ...]  # K + 1
     bonus_token: int  # what the target itself generated after d_K
     cached_tokens: int
+    ends: tuple[tuple[int, bool], ...] = ()  # (an id the server generated, whether it ended there), where it says
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class Target(Protocol):
 
     order: SamplerOrder  # how the server turns logits into its sampling distribution
     vocab_size: int | None  # the vocabulary the route speculates in; answered ids outside it are refused
+    ends_seen: EndEvidence  # the ids its answers ended on or went on past: the route's stop set follows them
 
     async def probe(self) -> object:
         """Learn the server's capabilities once at start-up."""

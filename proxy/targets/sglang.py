@@ -17,8 +17,9 @@ from proxy.errors import UpstreamUnavailableError
 from proxy.sampling.processors import GREEDY_TEMPERATURE_EPS, SamplerOrder, SamplingParams
 from proxy.targets import checks
 from proxy.targets.base import PositionLogprobs, ScorePlan, Scores, Verification
-from proxy.targets.sglang_parse import parse_support, parse_top, parse_verification
+from proxy.targets.sglang_parse import ending, parse_support, parse_top, parse_verification
 from proxy.targets.sglang_probe import EXTENSION, SGLangInfo, probe_sglang, tokens
+from proxy.targets.stopping import EndEvidence
 from proxy.targets.topn import exactness_problem, logprobs_problem, support_from_top_n
 from proxy.targets.upstream import Upstream
 from proxy.wire.request import CHAT, GenerationRequest
@@ -47,6 +48,7 @@ class SGLangTarget:
         self.upstream = upstream
         self.info: SGLangInfo | None = None  # set by probe()
         self.vocab_size: int | None = None  # the route's vocabulary: answered ids must lie below it
+        self.ends_seen = EndEvidence()
 
     @property
     def exact_support(self) -> bool:
@@ -149,7 +151,11 @@ class SGLangTarget:
             "return_text_in_logprobs": False,
         }
         answer = await self.upstream.post_json("/generate", body, client_headers=plan.client_headers)
-        return parse_verification(answer, draft_tokens, context[-1], top_n=plan.top_n, vocab_size=self.vocab_size)
+        verification = parse_verification(answer, draft_tokens, context[-1], top_n=plan.top_n,
+                                          vocab_size=self.vocab_size)
+        if (end := ending(answer.get("meta_info"), verification.bonus_token)) is not None:
+            self.ends_seen.saw(*end)  # before the round reads its bonus token
+        return verification
 
     async def generate(self, context: list[int], max_new_tokens: int, params: SamplingParams, seed: int,
                        client_headers: dict[str, str] | None = None, model: str | None = None) -> list[int]:
@@ -194,6 +200,10 @@ class SGLangTarget:
         if len(tokens) > max_new_tokens:
             raise checks.fail(f"a plain /generate answer has {len(tokens)} tokens where at most {max_new_tokens} "
                               "were asked for")
+        for token in tokens[:-1]:  # the server went on past each of them
+            self.ends_seen.saw(token, False)
+        if tokens and (end := ending(answer.get("meta_info"), tokens[-1])) is not None:
+            self.ends_seen.saw(*end)
         return tokens
 
     async def prompt_ids(self, body: dict, kind: str,

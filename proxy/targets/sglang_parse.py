@@ -43,6 +43,18 @@ def parse_top(entries: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
     return ids, logprobs
 
 
+def ending(meta: Any, token: int) -> tuple[int, bool] | None:
+    """(token, whether the server ended there) for an answer that generated it last: `finish_reason` "stop" that
+    matched the id, or "length" where it would have gone on; None for anything else (a stop string, an abort)."""
+    finish = meta.get("finish_reason") if isinstance(meta, dict) else None
+    kind = finish.get("type") if isinstance(finish, dict) else None
+    if kind == "length":
+        return token, False
+    if kind == "stop" and finish.get("matched") == token:
+        return token, True
+    return None
+
+
 def _draft_rows(actual: list, tops: list, k: int, last_context_token: int | None) -> tuple[list, list]:
     """The entries scoring d_1..d_K, whichever alignment the server used."""
     first = actual[0] if actual else None

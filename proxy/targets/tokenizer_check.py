@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from proxy.drafting.base import Vocabulary
 from proxy.targets.sglang_probe import MODEL_INFO_PATHS, ending_token, first_json, tokenize_path, tokens
-from proxy.targets.stopping import StopSet, target_stop_set
+from proxy.targets.stopping import EndEvidence, StopSet, target_stop_set
 from proxy.targets.upstream import Upstream
 
 # Probe strings chosen to exercise pre-tokenization: code, whitespace runs, multi-byte UTF-8,
@@ -38,8 +38,9 @@ class TokenizerVerdict:
     stop: StopSet | None = None  # the target's ends of generation, once compatible
 
 
-async def check_tokenizer(draft: Vocabulary, upstream: Upstream) -> TokenizerVerdict:
-    """Compare vocabulary size, special ids, the tokenization of probe strings and the end of a generation."""
+async def check_tokenizer(draft: Vocabulary, upstream: Upstream, seen: EndEvidence | None = None) -> TokenizerVerdict:
+    """Compare vocabulary size, special ids, the tokenization of probe strings and the end of a generation (the
+    stop set then follows what `seen` gathers from the server's answers)."""
     info = await first_json(upstream, MODEL_INFO_PATHS)  # {} on servers without one (vLLM)
     vocab = info.get("vocab_size")
     if isinstance(vocab, int) and vocab != draft.n_vocab:
@@ -66,6 +67,6 @@ async def check_tokenizer(draft: Vocabulary, upstream: Upstream) -> TokenizerVer
                                            "draft's")
         ending = f"generations end with id {end}, an end for the draft too" if end is not None else \
             "EOS unknown: a probe generation did not end"
-    stop = target_stop_set(info, draft, () if end is None else (end,))
+    stop = target_stop_set(info, draft, () if end is None else (end,), seen)
     return TokenizerVerdict(True, f"{len(PROBES)} probes tokenize identically; vocabulary {draft.n_vocab}; {ending}; "
                                   f"ends of generation from {stop.source}", stop)

@@ -17,9 +17,10 @@ from proxy.errors import UpstreamUnavailableError
 from proxy.sampling.processors import SamplerOrder, SamplingParams
 from proxy.targets import checks
 from proxy.targets.base import PositionLogprobs, ScorePlan, Scores, Verification
+from proxy.targets.stopping import EndEvidence
 from proxy.targets.topn import exactness_problem, logprobs_problem, support_from_top_n
 from proxy.targets.upstream import Upstream, UpstreamStatusError
-from proxy.targets.vllm_answers import output_pairs, parse_prefix_tokens, parse_verification, position
+from proxy.targets.vllm_answers import ending, output_pairs, parse_prefix_tokens, parse_verification, position
 from proxy.targets.vllm_probe import VLLMInfo, defaults_problem, parse_max_logprobs, prefix_cache, sampling_defaults
 from proxy.targets.warm_prefixes import WarmPrefixes
 from proxy.wire.request import CHAT, GenerationRequest
@@ -46,6 +47,7 @@ class VLLMTarget:
         self.upstream = upstream
         self.model = model  # the served model id; discovered from /v1/models when None
         self.vocab_size: int | None = None  # the route's vocabulary: answered ids must lie below it
+        self.ends_seen = EndEvidence()
         self.info: VLLMInfo | None = None  # set by probe(); until then rounds take the prompt log-probs path
         self._max_model_len: int | None = None
         self._warm = WarmPrefixes()  # contexts vLLM computed lately: their blocks are in its prefix cache
@@ -137,13 +139,19 @@ class VLLMTarget:
         if self.info is None or not self.info.rounds_read_cache:
             body.update(prompt=context + list(draft_tokens), prompt_logprobs=top_n)
             answer = await self.upstream.post_json("/v1/completions", body, client_headers=client_headers)
-            return parse_verification(answer, len(context), draft_tokens, top_n, vocab_size=self.vocab_size)
+            return self._saw(parse_verification(answer, len(context), draft_tokens, top_n, vocab_size=self.vocab_size))
         prompts = [context + list(draft_tokens[:length]) for length in range(len(draft_tokens) + 1)]
         del body["return_token_ids"]  # it would echo each prompt's ids: the answer would grow with the context
         block = self.info.prefix_cache.block_size if self.info.prefix_cache is not None else None
         answer = await self._prefix_tokens(body, prompts, block or UNKNOWN_BLOCK, client_headers)
         self._warm.add(context)
-        return parse_prefix_tokens(answer, draft_tokens, top_n, vocab_size=self.vocab_size)
+        return self._saw(parse_prefix_tokens(answer, draft_tokens, top_n, vocab_size=self.vocab_size))
+
+    def _saw(self, verification: Verification) -> Verification:
+        """The verification, its ends of generation noted before the round reads them."""
+        for token, ended in verification.ends:
+            self.ends_seen.saw(token, ended)
+        return verification
 
     async def _prefix_tokens(self, body: dict[str, Any], prompts: list[list[int]], block: int,
                              client_headers: dict[str, str] | None) -> dict[str, Any]:
@@ -210,12 +218,17 @@ class VLLMTarget:
     def _plain_tokens(self, context: list[int], answer: Any, max_new_tokens: int) -> list[int]:
         """The generated ids, checked; vLLM now holds the context and them in its prefix cache."""
         try:
-            tokens = checks.token_ids(answer["choices"][0]["token_ids"], self.vocab_size, "a plain completion")
+            choice = answer["choices"][0]
+            tokens = checks.token_ids(choice["token_ids"], self.vocab_size, "a plain completion")
         except checks.MALFORMED as exc:
             raise UpstreamUnavailableError("upstream sent a malformed /v1/completions answer") from exc
         if len(tokens) > max_new_tokens:
             raise checks.fail(f"a plain completion has {len(tokens)} tokens where at most {max_new_tokens} were "
                               "asked for")
+        for token in tokens[:-1]:  # vLLM went on past each of them
+            self.ends_seen.saw(token, False)
+        if tokens and (end := ending(choice, tokens[-1])) is not None:
+            self.ends_seen.saw(*end)
         self._warm.add(context + tokens)
         return tokens
 

@@ -62,6 +62,18 @@ def output_pairs(top: dict[str, Any], vocab_size: int | None, what: str) -> list
             for key, value in top.items()]
 
 
+def ending(choice: Any, token: int) -> tuple[int, bool] | None:
+    """(token, whether vLLM ended there) for a choice that generated it last: `finish_reason` "stop" on an id (the
+    EOS, `stop_reason` null, or a stop id, `stop_reason` the id), "length" where it would have gone on; None for
+    anything else (a stop string, an abort)."""
+    reason, stop_reason = choice.get("finish_reason"), choice.get("stop_reason")
+    if reason == "length":
+        return token, False
+    if reason == "stop" and (stop_reason is None or stop_reason == token):
+        return token, True
+    return None
+
+
 def _cached_tokens(answer: Any) -> int:
     details = (answer.get("usage") or {}).get("prompt_tokens_details") or {}
     return checks.tokens(details.get("cached_tokens") or 0, "cached_tokens")
@@ -93,7 +105,8 @@ def parse_verification(answer: Any, context_len: int, draft_tokens: Sequence[int
         pairs = output_pairs(choice["logprobs"]["top_logprobs"][0], vocab_size, "the bonus position")
         ids, logprobs = position(pairs, top_n, bonus, vocab_size, "the bonus position")
         positions.append(PositionLogprobs(None, None, ids, logprobs))
-        return Verification(tuple(positions), bonus, _cached_tokens(answer))
+        ends = ending(choice, bonus)
+        return Verification(tuple(positions), bonus, _cached_tokens(answer), () if ends is None else (ends,))
     except checks.MALFORMED as exc:
         raise UpstreamUnavailableError(f"upstream sent a malformed verification answer ({type(exc).__name__})") from exc
 
@@ -107,7 +120,7 @@ def parse_prefix_tokens(answer: Any, draft_tokens: Sequence[int], top_n: int, *,
         choices = sorted(answer["choices"], key=lambda choice: int(choice["index"]))
         if [int(choice["index"]) for choice in choices] != list(range(k + 1)):
             raise checks.fail(f"the answer has choices {[c['index'] for c in choices]} for {k + 1} prompts")
-        positions, generated = [], 0
+        positions, generated, ends = [], 0, []
         for index, choice in enumerate(choices):
             what = f"draft position {index + 1}" if index < k else "the bonus position"
             checks.count(choice["logprobs"]["tokens"], 1, what, "output tokens")
@@ -121,6 +134,8 @@ def parse_prefix_tokens(answer: Any, draft_tokens: Sequence[int], top_n: int, *,
             # which greedy and top_k within the top-N never sample.
             positions.append(PositionLogprobs(draft, dict(pairs).get(draft) if draft is not None else None,
                                               ids, logprobs))
-        return Verification(tuple(positions), generated, _cached_tokens(answer))
+            if (end := ending(choice, generated)) is not None:
+                ends.append(end)
+        return Verification(tuple(positions), generated, _cached_tokens(answer), tuple(ends))
     except checks.MALFORMED as exc:
         raise UpstreamUnavailableError(f"upstream sent a malformed verification answer ({type(exc).__name__})") from exc

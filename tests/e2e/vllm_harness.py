@@ -39,17 +39,18 @@ def stop_group(pid_file: Path) -> None:
 
 
 @contextmanager
-def served_vllm(log_dir: Path, model: str = MODEL, *arguments: str) -> Iterator[str]:
-    """The URL of a vLLM that scripts/start_vllm.sh sets up and starts serving `model` (with `arguments`), stopped
-    on leaving."""
+def served_vllm(log_dir: Path, model: str = MODEL, *arguments: str, folder: Path | None = None) -> Iterator[str]:
+    """The URL of a vLLM that scripts/start_vllm.sh sets up and starts serving `model` (with `arguments`; from
+    `folder` instead of the converted one when given), stopped on leaving."""
     port = free_port()
     started = time.monotonic()
     pid_file = log_dir / f"vllm-{port}.pid"
+    env = {**os.environ, "SPECULOOS_VLLM_LOG_DIR": str(log_dir), "SPECULOOS_VLLM_MODEL": model}
+    if folder is not None:
+        env["SPECULOOS_VLLM_MODEL_DIR"] = str(folder)
     try:
         result = subprocess.run([str(REPO / "scripts" / "start_vllm.sh"), str(port), *arguments], cwd=REPO,
-                                capture_output=True, text=True, timeout=SETUP_AND_START_TIMEOUT_S,
-                                env={**os.environ, "SPECULOOS_VLLM_LOG_DIR": str(log_dir),
-                                     "SPECULOOS_VLLM_MODEL": model})
+                                capture_output=True, text=True, timeout=SETUP_AND_START_TIMEOUT_S, env=env)
         assert result.returncode == 0, f"scripts/start_vllm.sh failed:\n{result.stderr[-5000:]}"
         print(f"vLLM ({model}) set up and started in {time.monotonic() - started:.0f} s")
         yield result.stdout.strip().splitlines()[-1]

@@ -67,6 +67,7 @@ SEEN = web.AppKey("seen", list)  # ("POST /generate", body) per request
 MODEL = web.AppKey("model", ToyModel)
 CACHE = web.AppKey("cache", list)  # every sequence computed so far (the radix cache's contents)
 RELEASE = web.AppKey("release", Release)
+ENDS = web.AppKey("ends", frozenset)  # the ids generation ends at, when not the toy's end token alone
 
 
 class RefusedError(ValueError):
@@ -177,7 +178,7 @@ def answer(app: web.Application, body: dict[str, Any]) -> dict[str, Any]:
         actual.append(_entry(float(logprobs[token]), token, with_text))
         tops.append(_top(logprobs, top_n, with_text))
         context.append(token)
-        if token == END:
+        if token in app.get(ENDS, frozenset({END})):
             finish = {"type": "stop", "matched": token}
             break
     app[CACHE].append(context)

@@ -15,6 +15,9 @@ the kind of request. `toy_vllm_app` serves a toy model, read from vLLM's sources
 - Log-probs are raw (the default `--logprobs-mode raw_logprobs`) and -inf is written as -9999.0; k
   above `--max-logprobs` (20 by default) is refused with vLLM's "greater than max allowed" message.
 - `return_token_ids` adds `prompt_token_ids` and `token_ids` (the end token included).
+- Generation ends at the ids in `ENDS` (the toy's end token by default) unless `ignore_eos`, checked before the
+  length as vllm/v1/core/sched/utils.py `check_stop` does: `finish_reason` "stop", `stop_reason` null for the
+  end token (the tokenizer's EOS) and the id for any other (a generation_config `eos_token_id`).
 - `POST /tokenize` (`prompt`, or `messages` through the toy chat template, `add_generation_prompt`
   true by default) answers `{count, max_model_len, tokens, token_strs}`; `GET /v1/models` one card
   with `max_model_len`; `GET /version`.
@@ -47,6 +50,7 @@ VERSION = "0.32.0"
 
 SEEN = web.AppKey("seen", list)  # ("POST /v1/completions", body) per request
 MODEL = web.AppKey("model", ToyModel)
+ENDS = web.AppKey("ends", frozenset)  # the ids generation ends at, when not the toy's end token alone
 CAPTURED = web.AppKey("captured", dict)  # the replayed bodies by kind
 
 
@@ -189,15 +193,15 @@ def completion(app: web.Application, body: dict[str, Any]) -> dict[str, Any]:
     model, ids = app[MODEL], _prompt_ids(body)
     params, max_tokens = _sampling(body, len(ids))
     rng = np.random.default_rng(body.get("seed"))
-    output, rows, context, finish = [], [], list(ids), "length"
+    output, rows, context, finish, stop_reason = [], [], list(ids), "length", None
     for _ in range(max_tokens):
         logprobs = model.log_softmax(context)
         token = int(np.argmax(logprobs)) if params.greedy else sample(model.probs(context, params, VLLM_ORDER), rng)
         output.append(token)
         rows.append(_ranked(logprobs, token, int(body.get("logprobs") or 0)))
         context.append(token)
-        if token == END and not body.get("ignore_eos"):
-            finish = "stop"
+        if token in app.get(ENDS, frozenset({END})) and not body.get("ignore_eos"):
+            finish, stop_reason = "stop", None if token == END else token
             break
     with_ids, k = bool(body.get("return_token_ids")), body.get("prompt_logprobs")
     choice = {
@@ -206,7 +210,7 @@ def completion(app: web.Application, body: dict[str, Any]) -> dict[str, Any]:
         "logprobs": None if body.get("logprobs") is None else
         _completion_logprobs(rows, bool(body.get("return_tokens_as_token_ids"))),
         "finish_reason": finish,
-        "stop_reason": None,
+        "stop_reason": stop_reason,
         "token_ids": output if with_ids else None,
         "prompt_logprobs": None if k is None else _prompt_logprobs(model, ids, int(k)),
         "prompt_token_ids": ids if with_ids else None,

@@ -11,6 +11,7 @@ import pytest
 
 from proxy.errors import UpstreamUnavailableError
 from proxy.targets.sglang import parse_support, parse_verification
+from proxy.targets.sglang_parse import ending
 from tests.fakes.toy_model import VOCAB
 
 # Parsing: a top-N answer.
@@ -146,3 +147,15 @@ def test_malformed_draft_support_answers_are_upstream_errors(response: Any, mess
     with pytest.raises(UpstreamUnavailableError, match=r"malformed draft_support answer " + message.replace(
             "(", r"\(").replace(")", r"\)")):
         parse_support(response, [5, 9], SUPPORT_IDS, draft_probs())
+
+
+@pytest.mark.parametrize(("meta", "shown"), [
+    ({"finish_reason": {"type": "stop", "matched": 5}}, (5, True)),  # FINISH_MATCHED_TOKEN
+    ({"finish_reason": {"type": "length", "length": 8}}, (5, False)),
+    ({"finish_reason": {"type": "stop", "matched": "###"}}, None),  # FINISH_MATCHED_STR
+    ({"finish_reason": {"type": "abort", "message": "x"}}, None),
+    ({"finish_reason": None}, None),
+    ("not a dict", None),
+])
+def test_how_an_answer_ended_on_its_last_id(meta: Any, shown: tuple[int, bool] | None) -> None:
+    assert ending(meta, 5) == shown

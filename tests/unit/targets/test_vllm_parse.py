@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.errors import UpstreamUnavailableError
-from proxy.targets.vllm_answers import parse_verification
+from proxy.targets.vllm_answers import ending, parse_verification
 from proxy.targets.vllm_probe import parse_max_logprobs
 from tests.unit.targets.test_vllm import ENDPOINTS, VERIFY
 
@@ -125,3 +125,15 @@ def test_any_entry_gives_the_top_n_best_first(data: st.DataObject, top_n: int) -
     first = parse(response, [draft], top_n).positions[0]
     assert first.top_ids.tolist() == [i for i, _ in top]
     assert first.token_logprob == dict(ranked)[draft]
+
+
+@pytest.mark.parametrize(("choice", "shown"), [
+    ({"finish_reason": "stop", "stop_reason": None}, (5, True)),  # the tokenizer's EOS
+    ({"finish_reason": "stop", "stop_reason": 5}, (5, True)),  # a generation_config eos_token_id
+    ({"finish_reason": "length", "stop_reason": None}, (5, False)),  # it would have gone on
+    ({"finish_reason": "stop", "stop_reason": "###"}, None),  # a stop string: says nothing of the id
+    ({"finish_reason": "stop", "stop_reason": 9}, None),  # another id: not this one's doing
+    ({"finish_reason": "abort"}, None),
+])
+def test_how_an_answer_ended_on_its_last_id(choice: dict, shown: tuple[int, bool] | None) -> None:
+    assert ending(choice, 5) == shown

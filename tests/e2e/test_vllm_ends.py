@@ -1,0 +1,81 @@
+"""A base model behind a real vLLM (`pytest -m vllm`): the answer ends where vLLM ends it, speculated or passed through.
+
+The model folder is SmolLM2-135M's with the ends of a base model: the tokenizer's EOS and the generation
+config's `eos_token_id` are `<|endoftext|>`, so vLLM goes on past `<|im_end|>`, where the draft's GGUF stops.
+A ChatML-shaped completion prompt makes the model write `<|im_end|>` and go on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import support as http
+from tests.e2e.servers import REPO, SMOL, Process
+from tests.e2e.vllm_harness import MODEL, served_vllm, start_vllm_proxy
+
+pytestmark = pytest.mark.vllm
+
+END_OF_TEXT, IM_END = 0, 2  # SmolLM2's ids
+PROMPT = "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n"
+MAX_TOKENS = 48
+REWRITTEN = ("config.json", "generation_config.json", "tokenizer_config.json")
+
+
+def base_model_folder(converted: Path, folder: Path) -> Path:
+    """The converted folder with a base model's ends: links to its files, the three configs rewritten."""
+    folder.mkdir(exist_ok=True)
+    for path in converted.iterdir():
+        if path.name not in REWRITTEN and not (folder / path.name).exists():
+            (folder / path.name).symlink_to(path)
+    for name, key, value in (("config.json", "eos_token_id", END_OF_TEXT),
+                             ("generation_config.json", "eos_token_id", END_OF_TEXT),
+                             ("tokenizer_config.json", "eos_token", "<|endoftext|>")):
+        config = json.loads((converted / name).read_text())
+        (folder / name).write_text(json.dumps({**config, key: value}, indent=2))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def base_vllm(log_dir: Path) -> Iterator[str]:
+    converted = subprocess.run([str(REPO / "scripts" / "setup_vllm.sh")], cwd=REPO, capture_output=True, text=True,
+                               check=True, env={**os.environ, "SPECULOOS_VLLM_MODEL": MODEL})
+    folder = base_model_folder(Path(converted.stdout.strip().splitlines()[-1]), log_dir / "smollm2-base-ends")
+    with served_vllm(log_dir, MODEL, folder=folder) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def base_proxy(base_vllm: str, log_dir: Path) -> Iterator[Process]:
+    process = start_vllm_proxy(base_vllm, SMOL, log_dir, "base")
+    yield process
+    process.stop()
+
+
+def complete(url: str, headers: dict[str, str] | None = None) -> tuple[dict, str | None]:
+    reply = http.post_json(url + "/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": MAX_TOKENS,
+                                                     "temperature": 0, "return_token_ids": True}, headers or {})
+    assert reply.status == 200, reply.body[:500]
+    return reply.json(), reply.headers.get("x-speculoos-mode")
+
+
+def test_vllm_goes_on_past_im_end_here(base_vllm: str) -> None:
+    """The premise: vLLM's own answer holds <|im_end|> and goes on (the draft's GGUF would stop there)."""
+    direct, _ = complete(base_vllm)
+    ids = direct["choices"][0]["token_ids"]
+    assert IM_END in ids and ids.index(IM_END) < len(ids) - 1, ids
+
+
+@pytest.mark.parametrize(("control", "mode"), [("k=4", "speculative"), ("off", "passthrough")])
+def test_the_answer_ends_where_vllm_ends_it(base_vllm: str, base_proxy: Process, control: str, mode: str) -> None:
+    direct, _ = complete(base_vllm)
+    through, served_as = complete(base_proxy.url, {"X-Speculoos": control})
+    assert served_as == mode, base_proxy.log()[-3000:]
+    expected, actual = direct["choices"][0], through["choices"][0]
+    assert (actual["text"], actual["finish_reason"]) == (expected["text"], expected["finish_reason"])
+    assert through["usage"]["completion_tokens"] == direct["usage"]["completion_tokens"]
