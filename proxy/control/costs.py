@@ -3,7 +3,7 @@
 Costs are measured: verification time as a function of K is flat on a GPU and steep on a CPU,
 and the plain rate comes from real passthrough requests and plain chunks decoded while the draft
 model was idle (reading along, on shared cores, slows the target). Every request on the
-route feeds them; none of them decides anything. Only a bench assumes them (AssumedCosts), to
+route feeds them; none of them decides anything. Only a bench assumes them (assumed_costs.py), to
 record on this machine the rounds a route would make on other hardware. What the measurements
 predict (verification by K, round time, rate) is computed by proxy/control/cost_model.py.
 """
@@ -13,15 +13,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from proxy.config.section import MAX_K
-from proxy.config.speculation import AssumedCostsConfig
 from proxy.control import cost_model
 from proxy.control.acceptance import UNMEASURED_ALPHA, draft_ahead_hit, read_windows, survival
-from proxy.control.cost_model import CostModel, MeasuredVerify, at_context, fit_context_slope
+from proxy.control.cost_model import MeasuredVerify, at_context, fit_context_slope
 from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent, path_after_lead
 from proxy.drafting.base import MODEL_SOURCE
 
@@ -262,38 +260,3 @@ class RouteCosts:
             return self.plain_rate
         step = self.verify_time(0)
         return 1.0 / step if step else None
-
-
-class AssumedCosts(RouteCosts):
-    """A route's costs as configured instead of measured; acceptance is still measured.
-
-    The route then decides K, lookup lengths and plain chunks as it would on the hardware those
-    costs describe, so a bench on this machine records the rounds that hardware would make.
-    """
-
-    assumed = True
-
-    def __init__(self, weight: float, k_max: int, config: AssumedCostsConfig) -> None:
-        super().__init__(weight, k_max, pipelined=False)  # the replayed cost model is sequential
-        self.config = config
-        self.model = CostModel.assumed(config)
-        self.draft_per_token = Ewma(1.0, self.model.draft_ms / 1000.0, 1)
-        self.plain_per_token = Ewma(1.0, self.model.plain_ms / 1000.0, 1)
-
-    def record_round(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float, **kwargs: Any) -> None:
-        """Acceptance only: the costs are assumed."""
-        super().record_round(k, accepted, draft_seconds, verify_seconds, **{**kwargs, "costs": False})
-
-    def record_plain(self, tokens: int, seconds: float, *, draft_busy: bool = False) -> None:
-        """Nothing: the plain rate is assumed."""
-
-    def seed(self, calibration: Calibration) -> None:
-        """Nothing: the costs are assumed."""
-
-    def verified_sizes(self) -> int:
-        """Every K is known."""
-        return MAX_K + 1
-
-    def verify_time(self, k: int, context: int | None = None) -> float:
-        """A round trip and a verification of k drafts and the bonus position, as assumed."""
-        return self.model.verify_seconds(k)

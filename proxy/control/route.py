@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 from proxy.config.schema import FallbackConfig
-from proxy.control.costs import AssumedCosts, Calibration, RouteCosts
+from proxy.control.assumed_costs import AssumedCosts
+from proxy.control.costs import Calibration, RouteCosts
 from proxy.control.policy import (
     MIN_ROUNDS_BEFORE_SWITCH,
     NOT_MEASURED,

@@ -7,9 +7,10 @@ from dataclasses import replace
 import pytest
 
 from proxy.config.speculation import AssumedCostsConfig, FallbackConfig
+from proxy.control.assumed_costs import AssumedCosts
 from proxy.control.cost_model import expected_tokens
 from proxy.control.cost_scale import COST_SCALE_ENV, cost_scale_from_env
-from proxy.control.costs import AssumedCosts, Calibration, Ewma, RouteCosts
+from proxy.control.costs import Calibration, Ewma, RouteCosts
 from proxy.control.policy import choose_k
 from proxy.decode.events import PlainEvent, ReadEvent, RoundEvent
 

@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from proxy.config.speculation import AssumedCostsConfig, FallbackConfig
-from proxy.control.costs import AssumedCosts, RouteCosts
+from proxy.control.assumed_costs import AssumedCosts
+from proxy.control.costs import RouteCosts
 from proxy.control.lookup import MAX_PLAIN_CHUNK, MIN_PLAIN_CHUNK, lookup_length, plain_chunk_size
 from proxy.control.policy import Choice, RequestPolicy
 from proxy.decode.events import PlainEvent, RoundEvent

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from proxy.config.speculation import AssumedCostsConfig, FallbackConfig
-from proxy.control.costs import AssumedCosts, Calibration, RouteCosts
+from proxy.control.assumed_costs import AssumedCosts
+from proxy.control.costs import Calibration, RouteCosts
 from proxy.control.policy import (
     MEASURING,
     MIN_ROUNDS_BEFORE_SWITCH,
