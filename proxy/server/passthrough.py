@@ -19,7 +19,8 @@ from aiohttp import web
 
 from proxy.config.schema import Route
 from proxy.errors import UpstreamError, UpstreamUnavailableError
-from proxy.targets.upstream import Upstream, iter_body
+from proxy.targets.body_reading import iter_body
+from proxy.targets.upstream import Upstream
 from proxy.wire.control import CONTROL_FIELD
 from proxy.wire.keys import without_keys
 from proxy.wire.response import SSE_DONE, sse_event

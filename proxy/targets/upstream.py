@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -29,6 +29,7 @@ from proxy.errors import (
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
+from proxy.targets.body_reading import read_body
 from proxy.targets.json_io import dumps, loads
 from proxy.wire.keys import key_headers
 
@@ -240,43 +241,3 @@ class Upstream:
     async def close(self) -> None:
         """Close the pooled connections."""
         await self.session.close()
-
-
-async def read_body(response: aiohttp.ClientResponse, idle: float, *, limit: int, path: str) -> bytes:
-    """The whole body, silent at most `idle` seconds at a time and at most `limit` bytes, with timeouts and
-    disconnects translated (`path` names the call in messages)."""
-    if response.content_length is not None and response.content_length > limit:
-        raise UpstreamUnavailableError(f"upstream answered {path} with {response.content_length} bytes, more than "
-                                       f"the {limit} the proxy reads")
-    parts, size = [], 0
-    try:
-        while True:
-            async with asyncio.timeout(idle):
-                part = await response.content.readany()
-            if not part:
-                return b"".join(parts)
-            size += len(part)
-            if size > limit:
-                raise UpstreamUnavailableError(f"upstream answered {path} with more than the {limit} bytes the proxy "
-                                               "reads")
-            parts.append(part)
-    except TimeoutError as exc:
-        raise UpstreamTimeoutError("upstream went silent while sending its answer") from exc
-    except aiohttp.ClientError as exc:
-        raise UpstreamUnavailableError(f"upstream connection failed: {type(exc).__name__}") from exc
-
-
-async def iter_body(response: aiohttp.ClientResponse, idle: float) -> AsyncIterator[bytes]:
-    """The body as it arrives, silent at most `idle` seconds at a time, with timeouts and disconnects translated."""
-    while True:
-        try:
-            async with asyncio.timeout(idle):
-                chunk = await response.content.readany()
-        except TimeoutError as exc:
-            raise UpstreamTimeoutError("upstream went silent mid-stream") from exc
-        except aiohttp.ClientError as exc:
-            raise UpstreamUnavailableError(f"upstream connection dropped mid-stream: {type(exc).__name__}") from exc
-        if not chunk:
-            return
-        yield chunk
-

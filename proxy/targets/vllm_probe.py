@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.errors import UpstreamError
-from proxy.targets.upstream import Upstream, UpstreamStatusError, read_body
+from proxy.targets.body_reading import read_body
+from proxy.targets.upstream import Upstream, UpstreamStatusError
 
 # Fields vLLM fills from generation_config (ModelConfig.get_diff_sampling_param), at the values the proxy itself
 # uses when a request names none: OpenAI's, which are vLLM's own SamplingParams defaults.
