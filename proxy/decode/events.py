@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from proxy.drafting.base import MODEL_SOURCE
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RoundEvent:
     """One speculative round: what was drafted, accepted and emitted, and what it cost."""
 

@@ -214,9 +214,11 @@ class _Rounds:
         self.worst_tv = max(self.worst_tv, tv_bound)
         asked = plan.k if draft.source == MODEL_SOURCE else plan.lookup_k
         session.publish(RoundEvent(
-            session.request_id, session.route, self.index, asked, followed, accepted, emitted, drafted_at - started,
-            time.perf_counter() - drafted_at, tv_bound, draft.source, 1 + len(draft.alternatives), draft.declined,
-            led=draft.led, checked=draft.checked, drafted_ahead=ahead is not None,
+            request_id=session.request_id, route=session.route, index=self.index, k=asked, drafted=followed,
+            accepted=accepted, emitted=emitted, draft_seconds=drafted_at - started,
+            verify_seconds=time.perf_counter() - drafted_at, tv_bound=tv_bound, source=draft.source,
+            candidates=1 + len(draft.alternatives), declined=draft.declined, led=draft.led, checked=draft.checked,
+            drafted_ahead=ahead is not None,
             drafting_seconds_per_token=ahead.seconds_per_token if ahead else draft.seconds_per_token,
             ahead_hit=hit, context=len(self.context), prefill=session.at_prompt(self.context)))
         self.index += 1

@@ -49,8 +49,9 @@ def test_an_ewma_starts_as_the_mean_of_its_first_observations() -> None:
 
 
 def round_event(index: int, drafted: int, accepted: int, draft_s: float = 0.04, verify_s: float = 0.2) -> RoundEvent:
-    return RoundEvent("r", "route", index, drafted, tuple(range(1, drafted + 1)), accepted,
-                      tuple(range(accepted + 1)), draft_s, verify_s)
+    return RoundEvent(request_id="r", route="route", index=index, k=drafted, drafted=tuple(range(1, drafted + 1)),
+                      accepted=accepted, emitted=tuple(range(accepted + 1)), draft_seconds=draft_s,
+                      verify_seconds=verify_s)
 
 
 def test_model_rounds_are_timed_as_they_ran_without_lookups_or_the_prefill() -> None:
@@ -114,7 +115,8 @@ def test_speculative_rate_uses_the_given_alpha_or_the_routes_survival() -> None:
 def test_the_hit_rate_is_the_survival_of_all_k_times_the_guess() -> None:
     costs = RouteCosts(1.0, 8)
     assert costs.hit_rate([0.9, 0.8, 0.6]) == pytest.approx(0.6 * 0.6 / 0.8)  # guess as likely as the last draft
-    costs.observe(RoundEvent("r", "route", 1, 2, (5, 6), 2, (5, 6, 7), 0.1, 0.2, ahead_hit=False))
+    costs.observe(RoundEvent(request_id="r", route="route", index=1, k=2, drafted=(5, 6), accepted=2, emitted=(5, 6, 7),
+                             draft_seconds=0.1, verify_seconds=0.2, ahead_hit=False))
     assert costs.hit_rate([0.9, 0.8, 0.6]) == 0.0  # measured: the one guess after an all-accepted round missed
 
 

@@ -39,8 +39,9 @@ def events(seed: int, n: int) -> list[Event]:
         alpha = 0.9 if i < n // 2 or i > 3 * n // 4 else 0.15
         accepted = int(np.argmin(rng.random(k + 1) < np.r_[np.full(k, alpha), 0.0]))
         verify = 0.02 + 0.004 * k + 2e-6 * context + float(rng.normal(0, 1e-3))
-        out.append(RoundEvent("r", "route", i, k, tuple(range(k)), accepted, tuple(range(accepted + 1)),
-                              0.0 if lookup else 0.006 * k, verify, source=LOOKUP_SOURCE if lookup else MODEL_SOURCE,
+        out.append(RoundEvent(request_id="r", route="route", index=i, k=k, drafted=tuple(range(k)), accepted=accepted,
+                              emitted=tuple(range(accepted + 1)), draft_seconds=0.0 if lookup else 0.006 * k,
+                              verify_seconds=verify, source=LOOKUP_SOURCE if lookup else MODEL_SOURCE,
                               candidates=1 + int(rng.random() < 0.1), prefill=rng.random() < 0.1, context=context))
         if rng.random() < 0.15:
             out.append(PlainEvent("r", "route", tuple(range(8)), 8 * (0.02 + float(rng.normal(0, 2e-3))),

@@ -71,7 +71,8 @@ def test_model_and_lookup_acceptance_are_kept_apart() -> None:
 
 
 def lookup_round(drafted: int, accepted: int) -> RoundEvent:
-    return RoundEvent("r", "route", 1, drafted, tuple(range(drafted)), accepted, (0,) * (accepted + 1), 0.0, 0.1,
+    return RoundEvent(request_id="r", route="route", index=1, k=drafted, drafted=tuple(range(drafted)),
+                      accepted=accepted, emitted=(0,) * (accepted + 1), draft_seconds=0.0, verify_seconds=0.1,
                       source="lookup")
 
 
@@ -114,7 +115,8 @@ def test_under_assumed_gpu_costs_a_weak_tail_is_verified_too() -> None:
 
 def test_a_path_the_model_led_counts_from_where_the_path_starts() -> None:
     policy = RequestPolicy(measured(CPU), FallbackConfig(), 4, start=Choice(4, "configured"))
-    led = RoundEvent("r", "route", 1, 16, tuple(range(16)), 6, (0,) * 7, 0.0, 0.1, source="prediction", led=4)
+    led = RoundEvent(request_id="r", route="route", index=1, k=16, drafted=tuple(range(16)), accepted=6,
+                     emitted=(0,) * 7, draft_seconds=0.0, verify_seconds=0.1, source="prediction", led=4)
     policy.observe(led)  # the model's 4 tokens accepted, then 2 of the path's 12
     assert (policy.lookup.lookups, policy.lookup.tried[:13].tolist()) == (1, [1.0] * 12 + [0.0])
     assert policy.lookup.right[:3].tolist() == [1.0, 1.0, 0.0]

@@ -151,8 +151,10 @@ async def test_round_tracker_shows_a_generation_round_by_round() -> None:
     page = feed.subscribe(EVERY_TENANT)
     trace = feed.begin("r1", "route", "chat", {"prompt": "p"}, tenant="")  # t = 100
     track = RoundTracker(feed, trace, BYTES.__getitem__)
-    track(RoundEvent("r1", "route", 0, 3, (1, 2, 1), 2, (1, 2, 3), 0.010, 0.030))  # t = 101
-    track(RoundEvent("r1", "route", 1, 2, (4, 4), 2, (4, 4, 1), 0.005, 0.020))  # t = 102
+    track(RoundEvent(request_id="r1", route="route", index=0, k=3, drafted=(1, 2, 1), accepted=2, emitted=(1, 2, 3),
+                     draft_seconds=0.010, verify_seconds=0.030))  # t = 101
+    track(RoundEvent(request_id="r1", route="route", index=1, k=2, drafted=(4, 4), accepted=2, emitted=(4, 4, 1),
+                     draft_seconds=0.005, verify_seconds=0.020))  # t = 102
     track(SwitchEvent("r1", "route", "K = 0 pays better"))
     track(PlainEvent("r1", "route", (4, 1), 0.01))  # t = 103
     feed.end(trace, {"mode": "speculative", "status": 200})  # t = 104

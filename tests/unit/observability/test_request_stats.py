@@ -7,7 +7,8 @@ from proxy.observability.request_stats import RequestStats
 
 
 def _round(index: int, emitted: int, seconds: float, *, prefill: bool | None = None) -> RoundEvent:
-    return RoundEvent("r", "route", index, 4, (1,) * 4, 3, (1,) * emitted, 0.0, seconds, prefill=prefill)
+    return RoundEvent(request_id="r", route="route", index=index, k=4, drafted=(1,) * 4, accepted=3,
+                      emitted=(1,) * emitted, draft_seconds=0.0, verify_seconds=seconds, prefill=prefill)
 
 
 def test_the_step_that_paid_the_prefill_is_not_in_the_decoding_rate():
@@ -36,9 +37,10 @@ def test_an_answer_within_its_first_step_has_no_decoding_rate():
 def test_tokens_the_model_led_a_prediction_with_count_as_the_models():
     stats = RequestStats()
     # Drafted: 3 tokens of the model's edit, then 9 of the prediction; the target took the edit and 5 of the copy.
-    stats(RoundEvent("r", "route", 1, 12, (1,) * 12, 8, (1,) * 9, 0.0, 0.1, source="prediction", led=3,
-                     checked=True))
-    stats(RoundEvent("r", "route", 2, 12, (1,) * 4, 1, (1,) * 2, 0.0, 0.1, source="prediction", led=2))  # edit cut
+    stats(RoundEvent(request_id="r", route="route", index=1, k=12, drafted=(1,) * 12, accepted=8, emitted=(1,) * 9,
+                     draft_seconds=0.0, verify_seconds=0.1, source="prediction", led=3, checked=True))
+    stats(RoundEvent(request_id="r", route="route", index=2, k=12, drafted=(1,) * 4, accepted=1, emitted=(1,) * 2,
+                     draft_seconds=0.0, verify_seconds=0.1, source="prediction", led=2))  # edit cut
     assert stats.by_source == {"prediction": [2, 11, 5], "model": [0, 5, 4]}
     assert stats.round_trace == [(12, 8, "prediction", 4), (4, 1, "prediction", 2)]  # the model's steps: + the check
     assert (stats.rounds, stats.drafted, stats.accepted) == (2, 16, 9)
