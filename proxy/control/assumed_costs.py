@@ -3,12 +3,11 @@ would make on other hardware; acceptance is still measured."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from proxy.config.section import MAX_K
 from proxy.config.speculation import AssumedCostsConfig
 from proxy.control.cost_model import CostModel
 from proxy.control.costs import Calibration, Ewma, RouteCosts
+from proxy.decode.events import RoundEvent
 
 
 class AssumedCosts(RouteCosts):
@@ -27,9 +26,8 @@ class AssumedCosts(RouteCosts):
         self.draft_per_token = Ewma(1.0, self.model.draft_ms / 1000.0, 1)
         self.plain_per_token = Ewma(1.0, self.model.plain_ms / 1000.0, 1)
 
-    def record_round(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float, **kwargs: Any) -> None:
-        """Acceptance only: the costs are assumed."""
-        super().record_round(k, accepted, draft_seconds, verify_seconds, **{**kwargs, "costs": False})
+    def _record_costs(self, event: RoundEvent) -> None:
+        """Nothing: the costs are assumed."""
 
     def record_plain(self, tokens: int, seconds: float, *, draft_busy: bool = False) -> None:
         """Nothing: the plain rate is assumed."""

@@ -20,7 +20,7 @@ from proxy.config.section import MAX_K
 from proxy.control import cost_model
 from proxy.control.acceptance import UNMEASURED_ALPHA, draft_ahead_hit, read_windows, survival
 from proxy.control.cost_model import MeasuredVerify, at_context, fit_context_slope
-from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent, path_after_lead
+from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent
 from proxy.drafting.base import MODEL_SOURCE
 
 RECENT_VERIFICATIONS = 256  # the window the context slope is fitted over
@@ -106,11 +106,7 @@ class RouteCosts:
         if isinstance(event, RoundEvent):
             if event.ahead_hit is not None and event.accepted == len(event.drafted):
                 self.guess_right.add(1.0 if event.ahead_hit else 0.0)
-            drafting = event.drafting_seconds_per_token
-            self.record_round(len(event.drafted), event.accepted, event.draft_seconds * self.scale,
-                              event.verify_seconds * self.scale, costs=event.warm and event.candidates == 1,
-                              lookup=event.source != MODEL_SOURCE, context=event.context, led=event.led,
-                              drafting_seconds_per_token=None if drafting is None else drafting * self.scale)
+            self.record_round(event)
             if event.source == MODEL_SOURCE and event.warm:
                 self.model_round_seconds.add((event.draft_seconds + event.verify_seconds) * self.scale)
                 self.model_round_tokens.add(len(event.emitted))
@@ -120,18 +116,15 @@ class RouteCosts:
         elif isinstance(event, ReadEvent):
             self.record_read(event.agreed)
 
-    def record_round(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float,
-                     *, costs: bool = True, lookup: bool = False, drafting_seconds_per_token: float | None = None,
-                     context: int = 0, led: int = 0) -> None:
-        """One round's outcome, and its costs unless they include a prefill or several candidates (costs=False).
+    def record_round(self, event: RoundEvent) -> None:
+        """One round's acceptance, and its costs unless they include a prefill or several candidates.
 
         α and the draft's time per token describe the model draft (what K is chosen for); lookup
-        rounds have their own α, and every round measures verification time by K. The draft's speed
-        is what drafting itself took when the drafter timed it apart: a round drafted ahead only waited
-        for the end of its draft, and a model that first read context it had not seen was not drafting.
+        rounds have their own α, and every round measures verification time by K.
         """
-        if lookup:
-            if (outcome := path_after_lead(k, accepted, led)) is not None:  # counted from where the path starts
+        k, accepted = len(event.drafted), event.accepted
+        if event.source != MODEL_SOURCE:
+            if (outcome := event.path_outcome) is not None:  # counted from where the path starts
                 path, right = outcome
                 self.lookup_alpha.add(right / path)
                 for position in range(min(path, len(self.lookup_survival))):
@@ -140,14 +133,21 @@ class RouteCosts:
             self.alpha.add(accepted / k)
             for position in range(min(k, len(self.alpha_per_position))):
                 self.alpha_per_position[position].add(1.0 if position < accepted else 0.0)
-        if not costs:
-            return
-        if k > 0 and not lookup:
-            self.draft_per_token.add(drafting_seconds_per_token if drafting_seconds_per_token is not None
-                                     else draft_seconds / k)
+        if event.warm and event.candidates == 1:
+            self._record_costs(event)
+
+    def _record_costs(self, event: RoundEvent) -> None:
+        """A round's draft time per token and verification time by K. The draft's speed is what drafting itself
+        took where the drafter timed it apart: a round drafted ahead only waited for the end of its draft, and a
+        model that first read context it had not seen was not drafting."""
+        k = len(event.drafted)
+        if k > 0 and event.source == MODEL_SOURCE:
+            drafting = event.drafting_seconds_per_token
+            self.draft_per_token.add(self.scale * (drafting if drafting is not None else event.draft_seconds / k))
+        verify_seconds = event.verify_seconds * self.scale
         self.verify_by_k.setdefault(k, Ewma(self.weight)).add(verify_seconds)
-        self.context_by_k.setdefault(k, Ewma(self.weight)).add(context)
-        self.recent.append((k, context, verify_seconds))
+        self.context_by_k.setdefault(k, Ewma(self.weight)).add(event.context)
+        self.recent.append((k, event.context, verify_seconds))
         self._slope = None  # refitted when next asked for: a route's own decision never moves times along context
 
     @property

@@ -11,6 +11,7 @@ from proxy.config.speculation import FallbackConfig
 from proxy.control.cost_model import sequential_rate
 from proxy.control.costs import RouteCosts
 from proxy.control.route import RouteController
+from tests.unit.control.rounds import played
 
 
 @pytest.mark.parametrize(("alpha", "k", "draft", "verify", "plain_rate", "share", "expected"), [
@@ -28,8 +29,8 @@ def test_predicted_speedup(alpha: float, k: int, draft: float, verify: float, pl
 
 def test_prediction_matches_the_controllers_rate_through_the_status_json() -> None:
     controller = RouteController(FallbackConfig(), configured_k=2)
-    controller.costs.record_round(2, 1, draft_seconds=0.02, verify_seconds=0.05)
-    controller.costs.record_round(4, 3, draft_seconds=0.04, verify_seconds=0.09)
+    controller.costs.record_round(played(2, 1, draft_seconds=0.02, verify_seconds=0.05))
+    controller.costs.record_round(played(4, 3, draft_seconds=0.04, verify_seconds=0.09))
     costs = Costs.from_status(json.loads(json.dumps(controller.status())))  # K keys become strings
     assert costs.verify_seconds_by_k == {2: pytest.approx(0.05), 4: pytest.approx(0.09)}
     alpha = controller.costs.alpha.value
@@ -61,7 +62,7 @@ def test_verify_seconds(measured: dict, k: float, expected: float | None) -> Non
 def test_the_bench_predicts_verification_as_the_controller_does(measured: dict, k: int) -> None:
     route = RouteCosts(1.0, 8)
     for drafted, seconds in measured.items():
-        route.record_round(drafted, drafted, 0.01, seconds)
+        route.record_round(played(drafted, drafted, 0.01, seconds))
     reported = Costs.from_status({"verify_seconds_by_k": {str(kk): e.value for kk, e in route.verify_by_k.items()}})
     assert reported.verify_seconds(k) == pytest.approx(route.verify_time(k), rel=1e-9, abs=1e-12)
 

@@ -13,11 +13,12 @@ from proxy.control.cost_scale import COST_SCALE_ENV, cost_scale_from_env
 from proxy.control.costs import Calibration, Ewma, RouteCosts
 from proxy.control.policy import choose_k
 from proxy.decode.events import PlainEvent, ReadEvent, RoundEvent
+from tests.unit.control.rounds import played
 
 
 def feed_rounds(costs: RouteCosts, k: int, accepted: int, draft_s: float, verify_s: float, n: int = 10) -> None:
     for _ in range(n):
-        costs.record_round(k, accepted, draft_s, verify_s)
+        costs.record_round(played(k, accepted, draft_s, verify_s))
 
 
 def test_verification_cost_is_fitted_across_k() -> None:
@@ -105,7 +106,7 @@ def test_the_drafts_speed_is_its_drafting_not_its_reading(timed: float | None, e
 def test_speculative_rate_uses_the_given_alpha_or_the_routes_survival() -> None:
     costs = RouteCosts(1.0, 8)
     assert costs.speculative_rate(4) is None  # nothing measured
-    costs.record_round(4, 2, draft_seconds=0.04, verify_seconds=0.06)
+    costs.record_round(played(4, 2, draft_seconds=0.04, verify_seconds=0.06))
     assert costs.speculative_rate(4) == pytest.approx(3 / 0.1)  # the first 2 always accepted, never more
     assert costs.speculative_rate(4, alpha=0.5) == pytest.approx(expected_tokens(0.5, 4) / 0.1)
     assert costs.speculative_rate(4, alpha=1.0) == pytest.approx(5 / 0.1)
@@ -131,7 +132,7 @@ def test_pipelining_raises_the_predicted_rate() -> None:
 def test_verification_time_follows_the_context_when_the_server_reevaluates_it() -> None:
     costs = RouteCosts(0.1, 8)
     for context in range(100, 1700, 50):  # 1 ms per 100 tokens of context, on top of 0.2 s
-        costs.record_round(4, 4, 0.1, 0.2 + context / 100_000, context=context)
+        costs.record_round(played(4, 4, 0.1, 0.2 + context / 100_000, context=context))
     assert costs.context_slope == pytest.approx(1e-5)
     assert costs.verify_time(4, 3000) - costs.verify_time(4, 1000) == pytest.approx(0.02)
 
@@ -139,8 +140,8 @@ def test_verification_time_follows_the_context_when_the_server_reevaluates_it() 
 def test_a_cached_context_or_too_little_spread_adds_nothing() -> None:
     flat, narrow = RouteCosts(0.1, 8), RouteCosts(0.1, 8)
     for context in range(100, 1700, 50):
-        flat.record_round(4, 4, 0.1, 0.2, context=context)
-        narrow.record_round(4, 4, 0.1, 0.2 + context / 1000, context=500 + context % 3)
+        flat.record_round(played(4, 4, 0.1, 0.2, context=context))
+        narrow.record_round(played(4, 4, 0.1, 0.2 + context / 1000, context=500 + context % 3))
     assert flat.context_slope == 0.0 and narrow.context_slope == 0.0
     assert flat.verify_time(4, 5000) == pytest.approx(0.2)
 

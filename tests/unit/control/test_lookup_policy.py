@@ -12,12 +12,13 @@ from proxy.control.costs import RouteCosts
 from proxy.control.lookup import MAX_PLAIN_CHUNK, MIN_PLAIN_CHUNK, lookup_length, plain_chunk_size
 from proxy.control.policy import Choice, RequestPolicy
 from proxy.decode.events import PlainEvent, RoundEvent
+from tests.unit.control.rounds import played
 
 
 def measured(verify: dict[int, float]) -> RouteCosts:
     costs = RouteCosts(0.1, 8)
     for k, seconds in verify.items():
-        costs.record_round(k, k, 0.0, seconds, lookup=True)
+        costs.record_round(played(k, k, 0.0, seconds, lookup=True))
     return costs
 
 
@@ -60,12 +61,12 @@ def test_plain_chunks_grow_as_lookups_miss(hits: int, lookups: int, expected: in
 
 def test_model_and_lookup_acceptance_are_kept_apart() -> None:
     costs = RouteCosts(0.5, 8)
-    costs.record_round(4, 1, 0.1, 0.2)
-    costs.record_round(16, 16, 0.0, 0.5, lookup=True)
+    costs.record_round(played(4, 1, 0.1, 0.2))
+    costs.record_round(played(16, 16, 0.0, 0.5, lookup=True))
     assert costs.alpha.value == 0.25 and costs.lookup_alpha.value == 1.0
     assert costs.draft_per_token.samples == 1 and set(costs.verify_by_k) == {4, 16}
-    costs.record_round(12, 6, 0.1, 0.4, lookup=True, led=4)  # the model's 4 tokens, then 2 of the path's 8
-    costs.record_round(12, 2, 0.1, 0.4, lookup=True, led=4)  # the model's own tokens rejected: the path untried
+    costs.record_round(played(12, 6, 0.1, 0.4, lookup=True, led=4))  # the model's 4 tokens, then 2 of the path's 8
+    costs.record_round(played(12, 2, 0.1, 0.4, lookup=True, led=4))  # the model's own tokens rejected: the path untried
     assert costs.lookup_alpha.samples == 2 and costs.lookup_survival[2].samples == 2
     assert costs.alpha.samples == 1 and costs.verify_by_k[12].samples == 2
 
