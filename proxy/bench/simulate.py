@@ -26,7 +26,7 @@ from typing import Any
 
 from proxy.bench.stats import Spread, spread
 from proxy.control.cost_model import CostModel, expected_tokens
-from proxy.drafting.base import MODEL_SOURCE
+from proxy.drafting.base import Source
 
 SIMULATION = "SIMULATION"
 COST_MODELS = ("gpu", "cpu", "custom")
@@ -112,7 +112,7 @@ def parse_trace(document: Any, source: str) -> list[TracedRequest]:
                                   "entries")
         requests.append(TracedRequest(entry["workload"], entry["mode"], tuple((int(r[0]), int(r[1])) for r in rounds),
                                       int(entry.get("plain_tokens") or 0),
-                                      tuple(str(r[2]) if len(r) >= 3 else MODEL_SOURCE for r in rounds),
+                                      tuple(str(r[2]) if len(r) >= 3 else Source.MODEL for r in rounds),
                                       int(entry.get("plain_calls") or 0),
                                       tuple(int(r[3]) if len(r) == 4 else None for r in rounds)))
     if not requests:
@@ -138,7 +138,7 @@ class Replay:
 def replay(request: TracedRequest, model: CostModel) -> Replay:
     """Time one request's rounds, and the same tokens decoded plainly."""
     tokens = sum(accepted + 1 for _, accepted in request.rounds) + request.plain_tokens
-    sources = request.sources or (MODEL_SOURCE,) * len(request.rounds)
+    sources = request.sources or (Source.MODEL,) * len(request.rounds)
     steps = request.steps or (None,) * len(request.rounds)
     speculative = (sum(model.round_ms(drafted, source=source, steps=step)
                        for (drafted, _), source, step in zip(request.rounds, sources, steps, strict=True))

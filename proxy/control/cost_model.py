@@ -21,8 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from proxy.config.speculation import AssumedCostsConfig
-from proxy.drafting.base import MODEL_SOURCE
-from proxy.drafting.prediction import PREDICTION
+from proxy.drafting.base import Source
 
 MIN_VERIFY_SECONDS = 1e-6  # a line through measured times may reach 0 or below; a verification never costs nothing
 MIN_SLOPE_SAMPLES = 16
@@ -158,11 +157,11 @@ class CostModel:
                                         floor=MIN_VERIFY_SECONDS * 1000.0)
         return self.verify_ms_flat + self.verify_ms_per_token * (drafted + 1)
 
-    def round_ms(self, drafted: float, *, source: str = MODEL_SOURCE, steps: float | None = None) -> float:
+    def round_ms(self, drafted: float, *, source: str = Source.MODEL, steps: float | None = None) -> float:
         """One sequential speculative round: a model draft costs a step a token; a path, the model's `steps` (its
         check, the tokens it led with), else by its source: the prediction's check one step, a lookup nothing."""
-        draft_steps = (drafted if source == MODEL_SOURCE else steps if steps is not None
-                       else 1.0 if source == PREDICTION else 0.0)
+        draft_steps = (drafted if source == Source.MODEL else steps if steps is not None
+                       else 1.0 if source == Source.PREDICTION else 0.0)
         return draft_steps * self.draft_ms + self.verify_ms(drafted) + self.rtt_ms + self.proxy_ms
 
     def verify_seconds(self, k: int) -> float:

@@ -21,7 +21,7 @@ from proxy.control import cost_model
 from proxy.control.acceptance import UNMEASURED_ALPHA, draft_ahead_hit, read_windows, survival
 from proxy.control.cost_model import MeasuredVerify, at_context, fit_context_slope
 from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent
-from proxy.drafting.base import MODEL_SOURCE
+from proxy.drafting.base import Source
 
 RECENT_VERIFICATIONS = 256  # the window the context slope is fitted over
 MIN_PLAIN_TOKENS = 4  # shorter passthrough answers say little about the decoding rate
@@ -107,7 +107,7 @@ class RouteCosts:
             if event.ahead_hit is not None and event.accepted == len(event.drafted):
                 self.guess_right.add(1.0 if event.ahead_hit else 0.0)
             self.record_round(event)
-            if event.source == MODEL_SOURCE and event.warm:
+            if event.source == Source.MODEL and event.warm:
                 self.model_round_seconds.add((event.draft_seconds + event.verify_seconds) * self.scale)
                 self.model_round_tokens.add(len(event.emitted))
                 self.model_round_ceiling.add(len(event.drafted) + 1)
@@ -123,7 +123,7 @@ class RouteCosts:
         rounds have their own α, and every round measures verification time by K.
         """
         k, accepted = len(event.drafted), event.accepted
-        if event.source != MODEL_SOURCE:
+        if event.source != Source.MODEL:
             if (outcome := event.path_outcome) is not None:  # counted from where the path starts
                 path, right = outcome
                 self.lookup_alpha.add(right / path)
@@ -141,7 +141,7 @@ class RouteCosts:
         took where the drafter timed it apart: a round drafted ahead only waited for the end of its draft, and a
         model that first read context it had not seen was not drafting."""
         k = len(event.drafted)
-        if k > 0 and event.source == MODEL_SOURCE:
+        if k > 0 and event.source == Source.MODEL:
             drafting = event.drafting_seconds_per_token
             self.draft_per_token.add(self.scale * (drafting if drafting is not None else event.draft_seconds / k))
         verify_seconds = event.verify_seconds * self.scale

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from proxy.control.costs import read_windows, survival
 from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent
-from proxy.drafting.base import MODEL_SOURCE
+from proxy.drafting.base import Source
 
 PRIOR_ROUNDS = 2  # the route's survival curve counts as this many of a request's own rounds
 
@@ -48,7 +48,7 @@ class RequestEvidence:
     def _round(self, event: RoundEvent) -> None:
         self.context = event.context + len(event.emitted)
         self.rounds += 1
-        if event.source == MODEL_SOURCE and event.warm:  # a prefill's round says nothing of drafting's speed
+        if event.source == Source.MODEL and event.warm:  # a prefill's round says nothing of drafting's speed
             self.timed_rounds += 1
             self.timed_tokens += len(event.emitted)
             self.timed_seconds += (event.draft_seconds + event.verify_seconds) * self._scale

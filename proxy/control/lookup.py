@@ -19,7 +19,7 @@ import numpy as np
 from proxy.config.section import MAX_K
 from proxy.control.costs import RouteCosts
 from proxy.decode.events import Event, PlainEvent, RoundEvent
-from proxy.drafting.base import MODEL_SOURCE
+from proxy.drafting.base import Source
 
 MIN_PLAIN_CHUNK, MAX_PLAIN_CHUNK = 4, 16  # plain tokens decoded after a lookup miss before looking again
 PRIOR_WEIGHT = 2.0  # paths' worth of the route's survival behind a request's own counts
@@ -67,7 +67,7 @@ class LookupOdds:
 
     def observe(self, event: Event) -> None:
         """Verified lookup rounds, and declined paths against what the target produced instead."""
-        if isinstance(event, RoundEvent) and event.source != MODEL_SOURCE:
+        if isinstance(event, RoundEvent) and event.source != Source.MODEL:
             if (outcome := event.path_outcome) is not None:  # the path after the model's lead was compared
                 self.lookups += 1
                 self._count(*outcome)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from proxy.drafting.base import MODEL_SOURCE
+from proxy.drafting.base import Source
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,7 +28,7 @@ class RoundEvent:
     draft_seconds: float
     verify_seconds: float
     tv_bound: float = 0.0  # bounded sampling: this round's total-variation bound
-    source: str = MODEL_SOURCE  # what drafted: "model", "lookup" or "prediction"
+    source: Source = Source.MODEL  # what drafted
     candidates: int = 1  # lookup paths verified together (drafted is the one followed)
     declined: tuple[int, ...] = ()  # a lookup path not verified this round (a model draft went instead)
     led: int = 0  # drafted tokens the model sampled ahead of the source's path (a prediction rejoined after an edit)
@@ -44,7 +44,7 @@ class RoundEvent:
     @property
     def model_drafted(self) -> int:
         """How many of the drafted tokens the model sampled."""
-        return len(self.drafted) if self.source == MODEL_SOURCE else self.led
+        return len(self.drafted) if self.source == Source.MODEL else self.led
 
     @property
     def model_accepted(self) -> int:
@@ -55,7 +55,7 @@ class RoundEvent:
     def path_outcome(self) -> tuple[int, int] | None:
         """A lookup or prediction path's (tokens compared, tokens right), counted from where it starts after the
         model's lead; None for a model draft, or where the target rejected the lead before the path."""
-        return None if self.source == MODEL_SOURCE else path_after_lead(len(self.drafted), self.accepted, self.led)
+        return None if self.source == Source.MODEL else path_after_lead(len(self.drafted), self.accepted, self.led)
 
     @property
     def draft_steps(self) -> int:

@@ -36,7 +36,7 @@ from proxy.decode.events import RoundEvent, SwitchEvent
 from proxy.decode.plain import PLAIN_CHUNK, plain_chunk
 from proxy.decode.reading import DraftReader
 from proxy.decode.session import Session
-from proxy.drafting.base import MODEL_SOURCE, Draft, Drafter, DraftPlan
+from proxy.drafting.base import Draft, Drafter, DraftPlan, Source
 from proxy.sampling.candidates import verify_candidates
 from proxy.sampling.draft_rows import DraftRows
 from proxy.sampling.rejection import verify_on_support
@@ -212,7 +212,7 @@ class _Rounds:
             hit = await _resolve(self.ahead, draft, accepted, emitted, self.is_end)
             self.ahead = self.ahead if hit else None
         self.worst_tv = max(self.worst_tv, tv_bound)
-        asked = plan.k if draft.source == MODEL_SOURCE else plan.lookup_k
+        asked = plan.k if draft.source == Source.MODEL else plan.lookup_k
         session.publish(RoundEvent(
             request_id=session.request_id, route=session.route, index=self.index, k=asked, drafted=followed,
             accepted=accepted, emitted=emitted, draft_seconds=drafted_at - started,
@@ -251,7 +251,7 @@ def _draft_ahead(session: Session, drafter: Drafter, context: list[int], draft: 
     pipelines and one may follow."""
     after = remaining - len(draft) - 1  # tokens still to emit if this round accepts everything
     k = model_k(decision)
-    if (not session.pipeline or draft.source != MODEL_SOURCE or draft.alternatives or after <= 0
+    if (not session.pipeline or draft.source != Source.MODEL or draft.alternatives or after <= 0
             or session.is_end(drafter)(draft.tokens[-1]) or k == 0):
         return None
     cap = max(after - 1, 1)

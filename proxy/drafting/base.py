@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
 import numpy as np
@@ -15,8 +16,13 @@ import numpy as np
 from proxy.sampling.draft_rows import DraftRows
 from proxy.sampling.processors import SamplerOrder, SamplingParams
 
-MODEL_SOURCE = "model"  # a draft the model sampled, token by token
-LOOKUP_SOURCE = "lookup"  # a path found in the context or the history
+
+class Source(StrEnum):
+    """What drafted a round's tokens (named so in round events and the response's figures)."""
+
+    MODEL = "model"  # the draft model sampled them, token by token
+    LOOKUP = "lookup"  # a path found in the context or the history
+    PREDICTION = "prediction"  # the client's Predicted Output
 
 
 @dataclass(frozen=True)
@@ -27,7 +33,7 @@ class Draft:
     # [k, vocab], held sparsely: the exact distribution each token was sampled from, truncated to the draft's top
     # candidates so the target can be asked about every one of them (a dense array given here is converted)
     probs: DraftRows
-    source: str = MODEL_SOURCE  # "model", "lookup" (found in the context or history) or "prediction" (the client's)
+    source: Source = Source.MODEL
     alternatives: tuple[tuple[int, ...], ...] = ()  # more deterministic candidates, verified in the same round
     declined: tuple[int, ...] = ()  # a lookup path found but judged not worth verifying (the policy learns from it)
     led: int = 0  # leading tokens the model sampled before a deterministic path took over (an edit, then the copy)

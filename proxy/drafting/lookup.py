@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from proxy.drafting.base import LOOKUP_SOURCE, Draft, Drafter, DraftPlan, InFront
+from proxy.drafting.base import Draft, Drafter, DraftPlan, InFront, Source
 from proxy.drafting.edits import Edit, in_prompt_words, learn_edits, replay
 from proxy.drafting.suffix import MAX_MATCH, Continuation, LookupSettings, OutputHistory, ScopedHistory, continuations
 from proxy.sampling.draft_rows import DraftRows
@@ -118,9 +118,9 @@ class SuffixDrafter(LookupDrafter):
             self._requests[plan.request_id] = (prompt_length, context, scope)
         paths, declined = self.paths(context, plan)
         if not paths:
-            return Draft((), DraftRows.one_hot((), self.vocabulary.n_vocab), LOOKUP_SOURCE, declined=declined)
+            return Draft((), DraftRows.one_hot((), self.vocabulary.n_vocab), Source.LOOKUP, declined=declined)
         best, *alternatives = paths
-        return Draft(best, DraftRows.one_hot(best, self.vocabulary.n_vocab), LOOKUP_SOURCE, tuple(alternatives))
+        return Draft(best, DraftRows.one_hot(best, self.vocabulary.n_vocab), Source.LOOKUP, tuple(alternatives))
 
     def paths(self, context: Sequence[int], plan: DraftPlan) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
         """Lookup paths worth verifying, best first (the first from the better of context and history), and the

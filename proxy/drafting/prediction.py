@@ -31,13 +31,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from proxy.drafting.base import LOOKUP_SOURCE, MODEL_SOURCE, Draft, Drafter, DraftPlan, InFront
+from proxy.drafting.base import Draft, Drafter, DraftPlan, InFront, Source
 from proxy.drafting.edits import MAX_INSERTED, MAX_REMOVED, MIN_ANCHOR, Edit, replay
 from proxy.drafting.suffix import MAX_MATCH, Continuation, match_lengths
 from proxy.engine.prefix import common_prefix_length
 from proxy.sampling.draft_rows import DraftRows
 
-PREDICTION = "prediction"  # the drafts' source, in round events and the response's figures
 PRIOR_COPIED, PRIOR_DEPARTURES = 16, 1  # the client's claim: copies run this long between departures, a priori
 MIN_ESTIMATE = 0.5  # a path ends where the copy is likelier to have stopped than to go on
 FAR_MATCH = 4  # tokens a match far from the stop needs to count (a deleted block, a moved line)
@@ -169,14 +168,15 @@ class PredictionDrafter(InFront):
         aligned = self.alignment(context[self._prompt_length:])
         tokens, declined = await self._copy(aligned, context, plan, limit, may_check)
         if tokens:
-            return Draft(tokens, DraftRows.one_hot(tokens, self.vocabulary.n_vocab), PREDICTION, checked=may_check)
+            return Draft(tokens, DraftRows.one_hot(tokens, self.vocabulary.n_vocab), Source.PREDICTION,
+                         checked=may_check)
         if plan.k == 0 and not self._inner.looks_up:
-            return Draft((), DraftRows.one_hot((), self.vocabulary.n_vocab), PREDICTION, declined=declined)
+            return Draft((), DraftRows.one_hot((), self.vocabulary.n_vocab), Source.PREDICTION, declined=declined)
         editing = may_check and not aligned.synced
         found = await self._inner.propose(context, _model_first(plan) if editing else plan)
-        if editing and found.source == MODEL_SOURCE and 0 < len(found) < limit:
+        if editing and found.source == Source.MODEL and 0 < len(found) < limit:
             return await self._rejoined(context, plan, found, limit)
-        if may_check and found.source == LOOKUP_SOURCE and len(found) > 1 and not found.alternatives:
+        if may_check and found.source == Source.LOOKUP and len(found) > 1 and not found.alternatives:
             tokens = await self._checked(context, plan.request_id, found.tokens)  # a lookup path is cut the same way
             found = replace(found, tokens=tokens, probs=DraftRows.one_hot(tokens, self.vocabulary.n_vocab),
                             checked=True)
@@ -206,7 +206,7 @@ class PredictionDrafter(InFront):
         if not tokens:
             return draft
         probs = draft.probs + DraftRows.one_hot(tokens, self.vocabulary.n_vocab)
-        return replace(draft, tokens=draft.tokens + tokens, probs=probs, source=PREDICTION, led=len(draft),
+        return replace(draft, tokens=draft.tokens + tokens, probs=probs, source=Source.PREDICTION, led=len(draft),
                        checked=True)
 
     async def _checked(self, context: Sequence[int], request_id: str, tokens: tuple[int, ...]) -> tuple[int, ...]:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent, SwitchEvent
-from proxy.drafting.base import MODEL_SOURCE
+from proxy.drafting.base import Source
 
 
 @dataclass
@@ -57,11 +57,11 @@ class RequestStats:
         drafted, led = len(event.drafted), event.led
         self._add_source(event.source, 1, drafted - led, max(event.accepted - led, 0))
         if led:
-            self._add_source(MODEL_SOURCE, 0, led, event.model_accepted)
+            self._add_source(Source.MODEL, 0, led, event.model_accepted)
         self.rounds += 1
         self.ahead_started += event.ahead_hit is not None
         self.ahead_hits += event.drafted_ahead
-        self.round_trace.append((drafted, event.accepted) if event.source == MODEL_SOURCE
+        self.round_trace.append((drafted, event.accepted) if event.source == Source.MODEL
                                 else (drafted, event.accepted, event.source, event.draft_steps))
         self.drafted += drafted
         self.accepted += event.accepted

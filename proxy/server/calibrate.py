@@ -17,7 +17,7 @@ import numpy as np
 
 from proxy.config.schema import Route
 from proxy.control.costs import Calibration
-from proxy.drafting.base import MODEL_SOURCE, Draft, Drafter, DraftPlan
+from proxy.drafting.base import Draft, Drafter, DraftPlan, Source
 from proxy.sampling.processors import SamplingParams, one_hot
 from proxy.targets.base import ScorePlan, Target
 
@@ -74,7 +74,7 @@ async def _draft_seconds_per_token(drafter: Drafter, context: Sequence[int], k: 
         timed = None
         for _ in range(2):  # the first reads the context (its reading is left out, not its first steps' warm-up)
             draft = await drafter.propose(context, plan)
-            if draft.source != MODEL_SOURCE or draft.seconds_per_token is None:
+            if draft.source != Source.MODEL or draft.seconds_per_token is None:
                 return None
             timed = draft.seconds_per_token
         return timed

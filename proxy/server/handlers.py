@@ -22,8 +22,8 @@ from proxy.control.policy import PinnedPolicy
 from proxy.decode.events import Publisher
 from proxy.decode.loop import speculative_tokens
 from proxy.decode.session import RequestRandom, Session
-from proxy.drafting.base import Drafter
-from proxy.drafting.prediction import PREDICTION, PredictionDrafter
+from proxy.drafting.base import Drafter, Source
+from proxy.drafting.prediction import PredictionDrafter
 from proxy.errors import BadRequestError
 from proxy.observability.logs import SwitchLog
 from proxy.observability.metrics import RouteMetrics
@@ -226,7 +226,7 @@ def _with_logprobs(target: Target, parsed: GenerationRequest, prompt_ids: list[i
 def _prediction_usage(stats: RequestStats) -> Callable[[], dict[str, int]]:
     """The usage's Predicted Outputs counts, from the request's prediction rounds."""
     def details() -> dict[str, int]:
-        _, drafted, accepted = stats.by_source.get(PREDICTION, (0, 0, 0))
+        _, drafted, accepted = stats.by_source.get(Source.PREDICTION, (0, 0, 0))
         return prediction_details(drafted, accepted)
 
     return details

@@ -13,8 +13,7 @@ import pytest
 
 from proxy.decode import ahead
 from proxy.drafting import prediction
-from proxy.drafting.base import Draft, DraftPlan
-from proxy.drafting.prediction import PREDICTION
+from proxy.drafting.base import Draft, DraftPlan, Source
 from proxy.sampling.processors import SamplingParams, one_hot
 from tests.fakes.drafter import ToyDrafter
 from tests.fakes.toy_model import ToyModel
@@ -89,7 +88,7 @@ async def prediction_pvalue(served: Served) -> tuple[float, int]:
     for seed in range(PREDICTION_REQUESTS):
         batches, events = await run(served, predicted(guess), PREDICTION_TOKENS, k=4, params=CHI_PARAMS, seed=seed,
                                     lookup_k=8)
-        tokens.add(batches, events, lambda event: event.source == PREDICTION)
+        tokens.add(batches, events, lambda event: event.source == Source.PREDICTION)
     return tokens.pvalue()
 
 
@@ -105,7 +104,7 @@ async def test_prediction_drafts_with_the_wrong_distribution_fail_the_same_test(
 
     async def uniform(self, context, plan):
         draft = await propose(self, context, plan)
-        if draft.source != PREDICTION or not draft.tokens:
+        if draft.source != Source.PREDICTION or not draft.tokens:
             return draft
         return replace(draft, probs=np.full(draft.probs.shape, 1.0 / draft.probs.shape[1]))
 
@@ -133,7 +132,7 @@ class LeadingDrafter(ToyDrafter):
         if not draft.tokens or self.vocabulary.is_end_of_generation(draft.tokens[-1]):
             return draft
         path = self.path.greedy([*context, *draft.tokens], 3)
-        return replace(draft, tokens=draft.tokens + tuple(path), source=PREDICTION, led=len(draft),
+        return replace(draft, tokens=draft.tokens + tuple(path), source=Source.PREDICTION, led=len(draft),
                        probs=np.concatenate([draft.probs.dense(), one_hot(path, self.model.vocab)]))
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from proxy.decode.events import RoundEvent
-from proxy.drafting.base import LOOKUP_SOURCE, MODEL_SOURCE
+from proxy.drafting.base import Source
 
 
 def played(k: int, accepted: int, draft_seconds: float, verify_seconds: float, *, lookup: bool = False,
@@ -11,4 +11,4 @@ def played(k: int, accepted: int, draft_seconds: float, verify_seconds: float, *
     """A round past the prompt's prefill: k drafted (by lookups, or the model), `accepted` of them taken."""
     return RoundEvent(request_id="r", route="route", index=1, k=k, drafted=tuple(range(k)), accepted=accepted,
                       emitted=tuple(range(accepted + 1)), draft_seconds=draft_seconds, verify_seconds=verify_seconds,
-                      source=LOOKUP_SOURCE if lookup else MODEL_SOURCE, led=led, context=context)
+                      source=Source.LOOKUP if lookup else Source.MODEL, led=led, context=context)

@@ -11,7 +11,7 @@ from proxy.control.cost_model import at_context, fit_context_slope, verify_from_
 from proxy.control.costs import Calibration, RouteCosts
 from proxy.control.route import RouteController
 from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent
-from proxy.drafting.base import LOOKUP_SOURCE, MODEL_SOURCE
+from proxy.drafting.base import Source
 
 
 class FromScratch(RouteCosts):
@@ -41,7 +41,7 @@ def events(seed: int, n: int) -> list[Event]:
         verify = 0.02 + 0.004 * k + 2e-6 * context + float(rng.normal(0, 1e-3))
         out.append(RoundEvent(request_id="r", route="route", index=i, k=k, drafted=tuple(range(k)), accepted=accepted,
                               emitted=tuple(range(accepted + 1)), draft_seconds=0.0 if lookup else 0.006 * k,
-                              verify_seconds=verify, source=LOOKUP_SOURCE if lookup else MODEL_SOURCE,
+                              verify_seconds=verify, source=Source.LOOKUP if lookup else Source.MODEL,
                               candidates=1 + int(rng.random() < 0.1), prefill=rng.random() < 0.1, context=context))
         if rng.random() < 0.15:
             out.append(PlainEvent("r", "route", tuple(range(8)), 8 * (0.02 + float(rng.normal(0, 2e-3))),

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.drafting.prediction import PREDICTION, PredictionDrafter
+from proxy.drafting.base import Source
+from proxy.drafting.prediction import PredictionDrafter
 from tests.fakes.drafter import ScriptedDrafter
 from tests.unit.decode.harness import PROMPT, Served, rounds, run
 
@@ -23,7 +24,7 @@ async def test_greedy_output_is_the_targets_whatever_the_prediction(served: Serv
     guess = expected[:right] + [(t + 5) % served.model.vocab or 1 for t in expected[right:]]
     batches, events = await run(served, predicted(guess), 40, k=4, lookup_k=16)
     assert sum(batches, []) == expected
-    drafted = [e for e in rounds(events) if e.source == PREDICTION]
+    drafted = [e for e in rounds(events) if e.source == Source.PREDICTION]
     # Each round's last token is the target's own (a bonus token, or the one replacing a rejected draft).
     assert sum(e.accepted for e in drafted) >= right - len(drafted)
     assert share_right or not any(e.accepted for e in drafted)

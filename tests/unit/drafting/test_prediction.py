@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from proxy.drafting.base import Draft
-from proxy.drafting.prediction import PREDICTION, PredictionDrafter
+from proxy.drafting.base import Draft, Source
+from proxy.drafting.prediction import PredictionDrafter
 from proxy.sampling.processors import one_hot
 from tests.fakes.drafter import ScriptedDrafter
 from tests.unit.drafting.plans import plan
@@ -111,7 +111,7 @@ async def test_the_drafter_proposes_the_prediction_first_then_the_route_drafter(
     prompt = [1, 2, 3]
     drafter = PredictionDrafter(inner, PREDICTION_IDS, prompt_length=len(prompt))
     first = await drafter.propose(prompt, plan(8))
-    assert (first.source, first.tokens) == (PREDICTION, tuple(PREDICTION_IDS[:8]))
+    assert (first.source, first.tokens) == (Source.PREDICTION, tuple(PREDICTION_IDS[:8]))
     assert first.probs.shape == (8, inner.vocabulary.n_vocab)
     assert (first.probs.dense().max(axis=1) == 1).all()  # one-hot
     trimmed = await drafter.propose(prompt, plan(8, worth=lambda probs: 3))
@@ -165,7 +165,7 @@ async def test_the_draft_model_checks_the_path_and_writes_its_own_token_where_it
     assert len((await unchecked.propose(prompt + LONG[:1], plan(32))).tokens) < 32
     leaving = ReadingDrafter(agreeing_except(5, 777))
     cut = await PredictionDrafter(leaving, LONG, prompt_length=len(prompt)).propose(prompt + LONG[:1], plan(32))
-    assert (cut.source, cut.tokens) == (PREDICTION, (*LONG[1:5], 777))
+    assert (cut.source, cut.tokens) == (Source.PREDICTION, (*LONG[1:5], 777))
 
 
 async def test_no_check_where_the_round_lets_the_model_draft_nothing() -> None:
@@ -189,7 +189,7 @@ async def test_after_an_edit_the_models_draft_leads_and_the_prediction_follows_i
     model.propose = lambda context, asked: plans.append(asked) or ReadingDrafter.propose(model, context, asked)
     drafter = PredictionDrafter(model, PREDICTION_IDS, prompt_length=len(prompt))
     found = await drafter.propose(prompt + written, replace(plan(16), k=4))
-    assert (found.source, found.led, found.tokens) == (PREDICTION, 4, tuple(goes_on[:16]))
+    assert (found.source, found.led, found.tokens) == (Source.PREDICTION, 4, tuple(goes_on[:16]))
     # Asked of the route's drafter during the edit: a lookup path shorter than the model's 4 tokens gives way.
     assert (plans[0].worth([1.0] * 3), plans[0].worth([1.0] * 5)) == (0, 5)
     assert found.probs.shape == (16, WideVocabulary.n_vocab) and (found.probs.dense().max(axis=1) == 1).all()
