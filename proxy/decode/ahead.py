@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import structlog
 
-from proxy.drafting.base import Draft, Drafter, DraftPlan
+from proxy.decode.decision import Decision, model_k
+from proxy.decode.session import Session
+from proxy.drafting.base import Draft, Drafter, DraftPlan, Source
 
 log = structlog.get_logger("speculoos.ahead")
 
@@ -72,3 +74,26 @@ class DraftAhead:
         for task in tasks:
             if not task.cancelled():
                 task.exception()  # retrieved: a failure while stopping is not worth a warning
+
+
+async def resolve(ahead: DraftAhead, draft: Draft, accepted: int, emitted: tuple[int, ...],
+                  is_end: Callable[[int], bool]) -> bool:
+    """Whether the pre-draft continues what the round emitted (a hit); a miss is stopped."""
+    if accepted == len(draft) and len(emitted) == len(draft) + 1 and not is_end(emitted[-1]):
+        return await ahead.guessed(emitted[-1])
+    await ahead.cancel()  # a draft was rejected: what follows the all-accepted continuation is moot
+    return False
+
+
+def draft_ahead(session: Session, drafter: Drafter, context: list[int], draft: Draft, remaining: int,
+                decision: Decision) -> DraftAhead | None:
+    """Start drafting the next round from the all-accepted continuation, at the round's K, when the request
+    pipelines and one may follow."""
+    after = remaining - len(draft) - 1  # tokens still to emit if this round accepts everything
+    k = model_k(decision)
+    if (not session.pipeline or draft.source != Source.MODEL or draft.alternatives or after <= 0
+            or session.is_end(drafter)(draft.tokens[-1]) or k == 0):
+        return None
+    cap = max(after - 1, 1)
+    return DraftAhead(drafter, [*context, *draft.tokens], session.draft_plan(1, 1, decision),
+                      session.draft_plan(min(k, cap), cap, decision))

@@ -1,7 +1,7 @@
 """The round loop: each round the request's policy decides and the loop acts, until max_tokens or the end of generation.
 
 Glossary:
-- round: the drafter proposes, the target scores, acceptance is exact (`proxy.sampling`); a round emits the
+- round: the drafter proposes, the target scores, acceptance is exact (`proxy.decode.verify`); a round emits the
   accepted drafts and one token of the target's: the recovered token in place of the first rejected draft, or
   the bonus token after all of them.
 - path: drafted tokens the target verifies; a lookup drafter may propose other paths with the draft
@@ -30,17 +30,15 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 
 from proxy.config.section import MAX_K
-from proxy.decode.ahead import DraftAhead
+from proxy.decode.ahead import DraftAhead, draft_ahead, resolve
 from proxy.decode.decision import Decision, Measure, Plain, Read, Speculate, model_k
 from proxy.decode.events import RoundEvent, SwitchEvent
 from proxy.decode.plain import PLAIN_CHUNK, plain_chunk
 from proxy.decode.reading import DraftReader
 from proxy.decode.session import Session
+from proxy.decode.verify import verify_round
 from proxy.drafting.base import Draft, Drafter, DraftPlan, Source
-from proxy.sampling.candidates import verify_candidates
-from proxy.sampling.draft_rows import DraftRows
-from proxy.sampling.rejection import verify_on_support
-from proxy.targets.base import ScorePlan, Scores, Target
+from proxy.targets.base import Target
 
 START_CHUNK = 4  # plain tokens per target call while the draft model reads the prompt
 FIRST_CHUNK = 1  # the call that pays the prompt's prefill: its token goes to the client as soon as the server's would
@@ -200,16 +198,16 @@ class _Rounds:
                         remaining: int, started: float) -> tuple[int, ...]:
         """Verify the draft (drafting the next round ahead meanwhile), publish the round, and return what it emits."""
         session, drafted_at = self.session, time.perf_counter()
-        verification = asyncio.ensure_future(_verify(session, self.target, self.context, draft))
+        verification = asyncio.ensure_future(verify_round(session, self.target, self.context, draft))
         try:  # from its start: whatever ends the round early (a client gone, a failed draft-ahead) stops it too
-            self.ahead = _draft_ahead(session, self.drafter, self.context, draft, remaining, decision)
+            self.ahead = draft_ahead(session, self.drafter, self.context, draft, remaining, decision)
             emitted, accepted, followed, tv_bound = await verification
         finally:
             verification.cancel()
         emitted = _until_end(emitted[:remaining], self.is_end)
         hit = None
         if self.ahead is not None:
-            hit = await _resolve(self.ahead, draft, accepted, emitted, self.is_end)
+            hit = await resolve(self.ahead, draft, accepted, emitted, self.is_end)
             self.ahead = self.ahead if hit else None
         self.worst_tv = max(self.worst_tv, tv_bound)
         asked = plan.k if draft.source == Source.MODEL else plan.lookup_k
@@ -234,58 +232,6 @@ class _Rounds:
         """Drop the draft-ahead and the reading in flight, if any."""
         await self._stop_ahead()
         await self.reader.stop()
-
-
-async def _resolve(ahead: DraftAhead, draft: Draft, accepted: int, emitted: tuple[int, ...],
-                   is_end: Callable[[int], bool]) -> bool:
-    """Whether the pre-draft continues what the round emitted (a hit); a miss is stopped."""
-    if accepted == len(draft) and len(emitted) == len(draft) + 1 and not is_end(emitted[-1]):
-        return await ahead.guessed(emitted[-1])
-    await ahead.cancel()  # a draft was rejected: what follows the all-accepted continuation is moot
-    return False
-
-
-def _draft_ahead(session: Session, drafter: Drafter, context: list[int], draft: Draft, remaining: int,
-                 decision: Decision) -> DraftAhead | None:
-    """Start drafting the next round from the all-accepted continuation, at the round's K, when the request
-    pipelines and one may follow."""
-    after = remaining - len(draft) - 1  # tokens still to emit if this round accepts everything
-    k = model_k(decision)
-    if (not session.pipeline or draft.source != Source.MODEL or draft.alternatives or after <= 0
-            or session.is_end(drafter)(draft.tokens[-1]) or k == 0):
-        return None
-    cap = max(after - 1, 1)
-    return DraftAhead(drafter, [*context, *draft.tokens], session.draft_plan(1, 1, decision),
-                      session.draft_plan(min(k, cap), cap, decision))
-
-
-async def _verify(session: Session, target: Target, context: list[int],
-                  draft: Draft) -> tuple[tuple[int, ...], int, tuple[int, ...], float]:
-    """Score the draft (and its other paths) and accept exactly: (emitted, accepted, path followed, tv bound)."""
-    if not draft.alternatives:
-        scores = await target.score(context, draft, session.score_plan())
-        result = verify_on_support(draft.tokens, scores.support, session.random.accept)
-        return result.emitted, result.accepted, draft.tokens, scores.tv_bound
-    paths = (draft.tokens, *draft.alternatives)
-    vocab = draft.probs.vocab_size
-    path_drafts = [draft, *(Draft(path, DraftRows.one_hot(path, vocab), draft.source) for path in draft.alternatives)]
-    plans = [session.score_plan() for _ in paths]  # drawn in order, so a seeded request's seeds do not depend on timing
-    scored = await _score_all(target, context, path_drafts, plans)
-    tree = verify_candidates(paths, [s.support for s in scored], session.random.accept)
-    return tree.emitted, tree.accepted, paths[tree.candidate], max(s.tv_bound for s in scored)
-
-
-async def _score_all(target: Target, context: list[int], drafts: list[Draft], plans: list[ScorePlan]) -> list[Scores]:
-    """Score the paths at once; when one fails (or the round is cancelled), the others are cancelled and awaited."""
-    scoring = [asyncio.ensure_future(target.score(context, d, plan)) for d, plan in zip(drafts, plans, strict=True)]
-    try:
-        return await asyncio.gather(*scoring)
-    finally:
-        # gather leaves the others running when one fails: their answers would be for nobody.
-        if pending := [task for task in scoring if not task.done()]:
-            for task in pending:
-                task.cancel()
-            await asyncio.wait(pending)
 
 
 def _until_end(tokens: tuple[int, ...], is_end: Callable[[int], bool]) -> tuple[int, ...]:
