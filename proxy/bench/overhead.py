@@ -22,8 +22,9 @@ from pathlib import Path
 from proxy.bench import overhead_stages as stages
 from proxy.bench.client import BenchError
 from proxy.bench.command import guarded, model_path, numbers
+from proxy.bench.overhead_proxy import ProxyThread
 from proxy.bench.overhead_report import Row, markdown, row_from
-from proxy.bench.overhead_run import Configuration, ProxyThread, draft_route, measure, serve_fake, warm_up
+from proxy.bench.overhead_run import Configuration, draft_route, measure, serve_fake, warm_up
 from proxy.config.section import MAX_K
 
 DRAFT_KINDS = ("lookup", "model")
