@@ -1,7 +1,8 @@
-"""What a request's policy decides once per round, and the interface a policy offers the round loop.
+"""What a request's policy decides once per round, what the round loop does for each decision, and the interface a
+policy offers the loop.
 
-The policy decides from its measurements, without side effects; the loop acts on the decision
-(`proxy.decode.loop`) and hands the same value to whatever else in the round depends on it (the
+The policy decides from its measurements, without side effects; the loop acts on the decision as `action_for`
+says (`proxy.decode.loop`) and hands the same value to whatever else in the round depends on it (the
 draft-ahead's K, the lookup trimming). `proxy.control` implements `Policy`.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol
 
 from proxy.decode.events import Event
@@ -43,7 +45,37 @@ class Plain:
     reason: str
 
 
+@dataclass(frozen=True)
+class Finish:
+    """The loop's own: speculation ended for good (the error budget is spent, or a model draft neither drafts nor
+    reads), plain chunks to the end."""
+
+    reason: str
+
+
 Decision = Speculate | Measure | Read | Plain
+
+
+class Action(Enum):
+    """What the loop does next."""
+
+    PLAIN = "a plain chunk, the draft model idle"
+    PLAIN_READ = "a plain chunk the draft model reads"
+    ROUND = "a round: draft, verify, accept (a plain chunk where nothing was drafted)"
+
+
+def action_for(decision: Decision | Finish, *, looks_up: bool, reading_prompt: bool) -> Action:
+    """The loop's action for a decision: a lookup drafter proposes its paths in every round the policy does not
+    stop, a model drafter reads along instead of drafting where the policy says so or while it reads the prompt."""
+    match decision:
+        case Finish() | Measure():  # a chunk that measures would be slowed (and mismeasured) by the reading
+            return Action.PLAIN
+        case Plain() | Read() if not looks_up:
+            return Action.PLAIN_READ
+        case Speculate() if reading_prompt and not looks_up:  # the target goes on meanwhile
+            return Action.PLAIN_READ
+        case _:
+            return Action.ROUND
 
 
 def model_k(decision: Decision) -> int:

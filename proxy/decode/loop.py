@@ -27,11 +27,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from proxy.config.section import MAX_K
 from proxy.decode.ahead import DraftAhead, draft_ahead, resolve
-from proxy.decode.decision import Decision, Measure, Plain, Read, Speculate, model_k
+from proxy.decode.decision import Action, Decision, Finish, Measure, Plain, Read, Speculate, action_for, model_k
 from proxy.decode.events import RoundEvent, SwitchEvent
 from proxy.decode.plain import PLAIN_CHUNK, plain_chunk
 from proxy.decode.reading import DraftReader
@@ -44,14 +44,6 @@ START_CHUNK = 4  # plain tokens per target call while the draft model reads the 
 FIRST_CHUNK = 1  # the call that pays the prompt's prefill: its token goes to the client as soon as the server's would
 DRAFT_ROOM = 2 * MAX_K + 1  # context the model may need past the current one: a round's drafts, a draft-ahead's
 OUTGROWN = "the context outgrew the draft model's"
-
-
-@dataclass(frozen=True)
-class Finish:
-    """Speculation ended for good (the error budget is spent, or a model draft neither drafts nor reads): plain
-    chunks to the end."""
-
-    reason: str
 
 
 async def speculative_tokens(session: Session, drafter: Drafter, target: Target) -> AsyncIterator[list[int]]:
@@ -139,20 +131,15 @@ class _Rounds:
         if not isinstance(decision, Measure | Finish):  # the draft's reading would slow the chunk that measures
             self.reader.start(self.context)
         reading_prompt = self.reader.reading_prompt()
-        opening = min(self._first_chunk() or (START_CHUNK if reading_prompt else PLAIN_CHUNK), remaining)
-        match decision:
-            case Finish():
-                return await self._plain(min(PLAIN_CHUNK, remaining), read=False)
-            case Measure():
-                return await self._plain(opening, read=False)
-            case Plain() | Read() if not self.drafter.looks_up:  # the draft reads along (else speculation ended)
-                if isinstance(decision, Plain):
-                    self._switch(decision.reason)
-                return await self._plain(opening, read=True)
-            case Speculate() if reading_prompt and not self.drafter.looks_up:  # the target goes on meanwhile
-                return await self._plain(opening, read=True)
-            case _:
-                return await self._round(decision, remaining, reading_prompt)
+        action = action_for(decision, looks_up=self.drafter.looks_up, reading_prompt=reading_prompt)
+        if action is Action.ROUND:
+            assert not isinstance(decision, Finish | Measure)
+            return await self._round(decision, remaining, reading_prompt)
+        if isinstance(decision, Plain):  # a model drafter reads along (else speculation ended)
+            self._switch(decision.reason)
+        opening = START_CHUNK if reading_prompt else PLAIN_CHUNK
+        n = PLAIN_CHUNK if isinstance(decision, Finish) else self._first_chunk() or opening
+        return await self._plain(min(n, remaining), read=action is Action.PLAIN_READ)
 
     async def _plain(self, n: int, *, read: bool, lookup_missed: bool = False,
                      declined: tuple[int, ...] = ()) -> tuple[int, ...]:
