@@ -38,20 +38,6 @@ class TreeResult:
         return len(self.emitted) - 1
 
 
-def node_outcome(mass: np.ndarray, columns: Sequence[int]) -> np.ndarray:
-    """The exact distribution of a node's outcome: P(child i accepted) for each column, then P(residual)."""
-    remaining = np.asarray(mass, dtype=np.float64).copy()
-    outcome, reach = np.zeros(len(columns) + 1), 1.0
-    for i, column in enumerate(columns):
-        total = remaining.sum()
-        chance = remaining[column] / total if total > 0 else 0.0
-        outcome[i] = reach * chance
-        reach *= 1.0 - chance
-        remaining[column] = 0.0
-    outcome[-1] = reach
-    return outcome
-
-
 def try_children(mass: np.ndarray, columns: Sequence[int], rng: np.random.Generator) -> tuple[int | None, np.ndarray]:
     """Test each child's column in turn: the index of the accepted one (None if all were rejected) and what remains."""
     remaining = np.asarray(mass, dtype=np.float64).copy()

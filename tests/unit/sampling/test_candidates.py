@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from proxy.sampling import candidates
-from proxy.sampling.candidates import node_outcome, verify_candidates
+from proxy.sampling.candidates import verify_candidates
 from proxy.sampling.rejection import KnownSupport, sample
 
 VOCAB = 8
@@ -74,6 +74,20 @@ def outside_draws(path: Sequence[int], known: int, rounds: int, rng: np.random.G
         if rest.sum() > 0:
             draws[:, depth] = rng.choice(VOCAB, size=rounds, p=rest / rest.sum())
     return draws
+
+
+def node_outcome(mass: np.ndarray, columns: Sequence[int]) -> np.ndarray:
+    """The oracle: the exact distribution of a node's outcome: P(child i accepted) for each column, then P(residual)."""
+    remaining = np.asarray(mass, dtype=np.float64).copy()
+    outcome, reach = np.zeros(len(columns) + 1), 1.0
+    for i, column in enumerate(columns):
+        total = remaining.sum()
+        chance = remaining[column] / total if total > 0 else 0.0
+        outcome[i] = reach * chance
+        reach *= 1.0 - chance
+        remaining[column] = 0.0
+    outcome[-1] = reach
+    return outcome
 
 
 @pytest.mark.parametrize("seed", range(20))
