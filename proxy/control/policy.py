@@ -23,7 +23,7 @@ from proxy.control.lookup import MIN_PLAIN_CHUNK, LookupOdds
 from proxy.decode.decision import Decision, Measure, Plain, Read, Speculate, model_k
 from proxy.decode.events import Event
 
-PASSTHROUGH_K = 0
+NO_DRAFT_K = 0  # the choice not to draft: a request starting passes through, one under way decodes plainly
 MIN_ROUNDS_BEFORE_SWITCH = 2  # a request (a probe especially) measures a few rounds before it may switch
 # A request that switched to plain decoding goes back to drafting only on a clear gain: it goes back
 # when its text turned predictable, and the stretch after such a turn is less so (regression to the mean).
@@ -66,7 +66,7 @@ def choose_k(costs: RouteCosts, settings: FallbackConfig, configured_k: int, *, 
     known = {k: r for k, r in rates.items() if r is not None}
     plain = costs.plain_rate
     if alpha is not None and alpha_rounds >= MIN_ROUNDS_BEFORE_SWITCH and alpha < settings.min_acceptance:
-        return Choice(PASSTHROUGH_K, f"α {alpha:.2f} below min_acceptance {settings.min_acceptance}", plain, plain)
+        return Choice(NO_DRAFT_K, f"α {alpha:.2f} below min_acceptance {settings.min_acceptance}", plain, plain)
     if not known:
         return Choice(configured_k, NOT_MEASURED)
     best_k = max(known, key=lambda k: known[k])
@@ -74,7 +74,7 @@ def choose_k(costs: RouteCosts, settings: FallbackConfig, configured_k: int, *, 
         return Choice(best_k, "passthrough rate not measured yet", known[best_k])
     margin = (1.0 - settings.hysteresis) if speculating else 1.0 + (resume_margin or settings.hysteresis)
     if known[best_k] < plain * margin:
-        return Choice(PASSTHROUGH_K, f"speculation predicted {known[best_k]:.1f} tok/s at k={best_k}"
+        return Choice(NO_DRAFT_K, f"speculation predicted {known[best_k]:.1f} tok/s at k={best_k}"
                         f" vs {plain:.1f} tok/s plain", plain, plain)
     return Choice(best_k, f"k={best_k} predicted {known[best_k]:.1f} tok/s vs {plain:.1f} plain",
                     known[best_k], plain)
@@ -85,7 +85,7 @@ def measured_loss(rate: float | None, plain: float | None, settings: FallbackCon
     the hysteresis), else None."""
     if rate is None or plain is None or rate >= plain * (1.0 - settings.hysteresis):
         return None
-    return Choice(PASSTHROUGH_K, f"drafting ran at {rate:.1f} tok/s vs {plain:.1f} tok/s plain", plain, plain)
+    return Choice(NO_DRAFT_K, f"drafting ran at {rate:.1f} tok/s vs {plain:.1f} tok/s plain", plain, plain)
 
 
 def upper_bound(successes: int, trials: int, z: float = 2.0) -> float:
@@ -135,7 +135,7 @@ class RequestPolicy:
         self._reads_along = reads_along and explore
         self._pipelined = pipelined  # whether this request drafts ahead (None: as the route does)
         self._explore = explore  # a route in passthrough: try the configured K for the first rounds
-        self._probing = explore and start.k == PASSTHROUGH_K  # ... which re-times costs that may have changed
+        self._probing = explore and start.k == NO_DRAFT_K  # ... which re-times costs that may have changed
         self.current = start  # the mode the request is in: the route's when it started, then its own decisions'
         self.evidence = RequestEvidence(settings.k_max, costs.scale)
         self.lookup = LookupOdds(costs)
@@ -175,7 +175,7 @@ class RequestPolicy:
         if self._costs.plain_rate is None:
             return None
         best = self._best_if([1.0] * self._settings.k_max)
-        return replace(best, reason=f"even accepting every draft, {best.reason}") if best.k == PASSTHROUGH_K else None
+        return replace(best, reason=f"even accepting every draft, {best.reason}") if best.k == NO_DRAFT_K else None
 
     def _ruled_out(self) -> Choice | None:
         """Plain decoding where the measured costs say no draft could pay, unless this request is a probe that has
@@ -214,7 +214,7 @@ class RequestPolicy:
             return True
         optimistic = [upper_bound(s, r) if r else None for s, r in zip(own.survived, own.reached, strict=True)]
         alpha = upper_bound(own.accepted, own.drafted)
-        return self._best_if(survival(alpha, optimistic, self._settings.k_max)).k != PASSTHROUGH_K
+        return self._best_if(survival(alpha, optimistic, self._settings.k_max)).k != NO_DRAFT_K
 
     def decide(self) -> Decision:
         """This round's decision; it settles the request in the mode it chose, where the next one's hysteresis

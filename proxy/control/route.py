@@ -18,8 +18,8 @@ from proxy.control.assumed_costs import AssumedCosts
 from proxy.control.costs import Calibration, RouteCosts
 from proxy.control.policy import (
     MIN_ROUNDS_BEFORE_SWITCH,
+    NO_DRAFT_K,
     NOT_MEASURED,
-    PASSTHROUGH_K,
     Choice,
     PinnedPolicy,
     RequestPolicy,
@@ -85,7 +85,7 @@ class RouteController:
             best = choose_k(self.costs, self.settings, self.configured_k, alpha=None, alpha_rounds=0,
                             speculating=False, curve=[1.0] * self.settings.k_max)
             self.current = (replace(best, reason=f"even accepting every draft, {best.reason}")
-                            if best.k == PASSTHROUGH_K else Choice(self.configured_k, ALPHA_NOT_MEASURED))
+                            if best.k == NO_DRAFT_K else Choice(self.configured_k, ALPHA_NOT_MEASURED))
         else:
             self.current = choose_k(self.costs, self.settings, self.configured_k, alpha=alpha.value,
                                     alpha_rounds=alpha.samples, speculating=self.current.k > 0,
@@ -110,7 +110,7 @@ class RouteController:
         if forced:
             return PinnedPolicy(self.configured_k, f"k={self.configured_k}: speculation forced by the client")
         explore = True
-        if self.looks_up and self.current.k == PASSTHROUGH_K:
+        if self.looks_up and self.current.k == NO_DRAFT_K:
             explore = self._count_towards_probe()  # the request counts; the probe explores
         return RequestPolicy(self.costs, self.settings, self.configured_k, self.current, explore=explore,
                              pipelined=pipelined, reads_along=reads_along)
