@@ -27,18 +27,29 @@ NAMED = "eos_token_id"
 
 
 class EndEvidence:
-    """What the server's answers showed of its ends of generation: ids it ended on, ids it went on past."""
+    """What the server's answers showed of its ends of generation, where it differs from the ids first assumed (so
+    it holds a few ids, not every one the server generated)."""
 
     def __init__(self) -> None:
-        self._ended: dict[int, bool] = {}
+        self._assumed: frozenset[int] = frozenset()
+        self._differ: dict[int, bool] = {}  # id -> whether the server ends there, where not as assumed
+
+    def assume(self, ids: frozenset[int]) -> None:
+        """The ids taken to end generations until an answer shows otherwise."""
+        self._assumed = ids
+        self._differ = {token: ended for token, ended in self._differ.items() if ended != (token in ids)}
 
     def saw(self, token: int, ended: bool) -> None:
         """The server generated `token` and then ended (or went on)."""
-        self._ended[token] = ended
+        if ended == (token in self._assumed):
+            self._differ.pop(token, None)
+        else:
+            self._differ[token] = ended
 
-    def verdict(self, token: int) -> bool | None:
-        """Whether the server ends at `token`, as its answers showed (None: no answer showed it yet)."""
-        return self._ended.get(token)
+    def is_end(self, token: int) -> bool:
+        """Whether the server ends at `token`: as its answers showed, else as assumed."""
+        shown = self._differ.get(token)
+        return token in self._assumed if shown is None else shown
 
 
 @dataclass(frozen=True)
@@ -49,10 +60,12 @@ class StopSet:
     source: str
     seen: EndEvidence = field(default_factory=EndEvidence)
 
+    def __post_init__(self) -> None:
+        self.seen.assume(self.ids)
+
     def is_end(self, token: int) -> bool:
         """Whether the target ends its generation at this token: as its answers showed, else as the set says."""
-        shown = self.seen.verdict(token)
-        return token in self.ids if shown is None else shown
+        return self.seen.is_end(token)
 
 
 def _ids(value: Any) -> list[int]:
