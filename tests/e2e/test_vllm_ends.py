@@ -22,7 +22,7 @@ from tests.e2e.vllm_harness import MODEL, served_vllm, start_vllm_proxy
 pytestmark = pytest.mark.vllm
 
 END_OF_TEXT, IM_END = 0, 2  # SmolLM2's ids
-PROMPT = "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n"
+PROMPT = "<|im_start|>user\nWhat is 2+2? Answer with a number.<|im_end|>\n<|im_start|>assistant\n"
 MAX_TOKENS = 48
 REWRITTEN = ("config.json", "generation_config.json", "tokenizer_config.json")
 
@@ -57,16 +57,16 @@ def base_proxy(base_vllm: str, log_dir: Path) -> Iterator[Process]:
     process.stop()
 
 
-def complete(url: str, headers: dict[str, str] | None = None) -> tuple[dict, str | None]:
+def complete(url: str, headers: dict[str, str] | None = None, **extra: object) -> tuple[dict, str | None]:
     reply = http.post_json(url + "/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": MAX_TOKENS,
-                                                     "temperature": 0, "return_token_ids": True}, headers or {})
+                                                     "temperature": 0, **extra}, headers or {})
     assert reply.status == 200, reply.body[:500]
     return reply.json(), reply.headers.get("x-speculoos-mode")
 
 
 def test_vllm_goes_on_past_im_end_here(base_vllm: str) -> None:
     """The premise: vLLM's own answer holds <|im_end|> and goes on (the draft's GGUF would stop there)."""
-    direct, _ = complete(base_vllm)
+    direct, _ = complete(base_vllm, return_token_ids=True)
     ids = direct["choices"][0]["token_ids"]
     assert IM_END in ids and ids.index(IM_END) < len(ids) - 1, ids
 
