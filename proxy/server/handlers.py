@@ -116,8 +116,9 @@ async def _generation(request: web.Request, kind: str) -> web.StreamResponse:
         summary.status, summary.error = getattr(exc, "status", 500), type(exc).__name__
         raise
     finally:
-        live.end(request, summary.fields())
-        log.info("request", ms=round((time.perf_counter() - started) * 1000, 1), **summary.fields())
+        event = summary.fields()
+        live.end(request, event)
+        log.info("request", ms=round((time.perf_counter() - started) * 1000, 1), **event)
         structlog.contextvars.clear_contextvars()
 
 

@@ -200,10 +200,7 @@ class SGLangTarget:
         if len(tokens) > max_new_tokens:
             raise checks.fail(f"a plain /generate answer has {len(tokens)} tokens where at most {max_new_tokens} "
                               "were asked for")
-        for token in tokens[:-1]:  # the server went on past each of them
-            self.ends_seen.saw(token, False)
-        if tokens and (end := ending(answer.get("meta_info"), tokens[-1])) is not None:
-            self.ends_seen.saw(*end)
+        self.ends_seen.saw_answer(tokens, ending(answer.get("meta_info"), tokens[-1]) if tokens else None)
         return tokens
 
     async def prompt_ids(self, body: dict, kind: str,

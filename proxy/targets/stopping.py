@@ -16,7 +16,7 @@ goes on past `<|im_end|>`; an id only the model's generation_config names ends t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,14 @@ class EndEvidence:
             self._differ.pop(token, None)
         else:
             self._differ[token] = ended
+
+    def saw_answer(self, tokens: Sequence[int], last: tuple[int, bool] | None) -> None:
+        """One answer's ids: the server went on past all but the last, and `last` says whether it ended there (None:
+        its finish reason says neither)."""
+        for token in tokens[:-1]:
+            self.saw(token, False)
+        if last is not None:
+            self.saw(*last)
 
     def is_end(self, token: int) -> bool:
         """Whether the server ends at `token`: as its answers showed, else as assumed."""

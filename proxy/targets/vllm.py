@@ -225,10 +225,7 @@ class VLLMTarget:
         if len(tokens) > max_new_tokens:
             raise checks.fail(f"a plain completion has {len(tokens)} tokens where at most {max_new_tokens} were "
                               "asked for")
-        for token in tokens[:-1]:  # vLLM went on past each of them
-            self.ends_seen.saw(token, False)
-        if tokens and (end := ending(choice, tokens[-1])) is not None:
-            self.ends_seen.saw(*end)
+        self.ends_seen.saw_answer(tokens, ending(choice, tokens[-1]) if tokens else None)
         self._warm.add(context + tokens)
         return tokens
 
