@@ -40,14 +40,14 @@ def passthrough_reason(route: RouteSnapshot, request: GenerationRequest, control
     if control.forced and (refused := forcing_problem(route.speculation.allow_force, route.target)) is not None:
         return refused
     _check_prompt_ids(request, route.vocabulary_size)
-    honoured_upstream = route.target.prompt_fields(request.kind)
+    honoured_upstream = route.target.prompt_fields(request.kind) | route.target.sampling_fields
     answered = LOGPROB_FIELDS if request.logprobs is not None else frozenset()  # from the verification answers
     if upstream_only := [name for name in request.unsupported if name not in honoured_upstream | answered]:
         return "parameters only the upstream can honour: " + ", ".join(upstream_only)
     if (prompt := route.target.prompt_problem(request)) is not None:
         return f"cannot tokenize: {prompt}"
-    if (defaults := route.target.defaults_problem(request)) is not None:
-        return f"server defaults: {defaults}"
+    if (answered := route.target.answer_problem(request)) is not None:
+        return f"server: {answered}"
     params, spec = request.sampling_params, route.speculation
     problem = route.target.exactness_problem(params, spec.top_logprobs)
     if problem is not None and spec.sampling == "exact":

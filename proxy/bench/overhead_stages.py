@@ -132,7 +132,7 @@ def patched(clock: StageClock, targets: Sequence[tuple[object, str, str, bool]])
 
 def proxy_stages() -> list[tuple[object, str, str, bool]]:
     """The proxy's functions each stage is made of (imported here: nothing is patched at import time)."""
-    from proxy.decode import events, loop
+    from proxy.decode import events, verify
     from proxy.drafting import llama, lookup
     from proxy.targets import sglang
     from proxy.wire import emit, response, textstream
@@ -142,7 +142,8 @@ def proxy_stages() -> list[tuple[object, str, str, bool]]:
         (llama.LlamaDrafter, "propose", DRAFT, True),
         (sglang.SGLangTarget, "_score_top_n", UPSTREAM, True),
         (sglang, "parse_verification", PARSE, False), (sglang, "support_from_top_n", SUPPORT, False),
-        (loop, "verify_on_support", SAMPLING, False), (events.Publisher, "__call__", EVENTS, False),
+        (verify, "verify_on_support", SAMPLING, False),
+        (verify, "verify_candidates", SAMPLING, False), (events.Publisher, "__call__", EVENTS, False),
         (textstream.TextStream, "push", TEXT, False), (textstream.TextStream, "close", TEXT, False),
         (response.ResponseShape, "chunk", EMIT, False), (emit, "_write_chunk", EMIT, True),
     ]

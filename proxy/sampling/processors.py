@@ -64,6 +64,9 @@ class SamplingParams:
     top_k: int = 0  # 0 or -1 = off
     top_p: float = 1.0  # 1 = off
     min_p: float = 0.0  # 0 = off
+    # Applied by the server to the logits of every id in the prompt or output (vLLM's `repetition_penalty`): never
+    # in its raw log-probs, so rounds follow it only through the server's own greedy choices.
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):
@@ -74,6 +77,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in [0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not (self.repetition_penalty > 0.0 and math.isfinite(self.repetition_penalty)):
+            raise ValueError(f"repetition_penalty must be finite and > 0, got {self.repetition_penalty}")
 
     @property
     def greedy(self) -> bool:

@@ -93,6 +93,8 @@ async def _generation(request: web.Request, kind: str) -> web.StreamResponse:
         return await forward(request, untouched.upstream, body=forwarded, extra_headers={MODE_HEADER: PASSTHROUGH})
     control = request_control(request.headers, body)
     runtime = runtime_for(request, parsed.model)
+    if runtime.target is not None:  # sampled as the server would sample it: its defaults in the fields left out
+        parsed = runtime.target.with_defaults(parsed)
     request_id = uuid.uuid4().hex[:12]
     structlog.contextvars.bind_contextvars(request_id=request_id, route=runtime.name)
     live.begin(request, request_id, runtime.name, kind, body)

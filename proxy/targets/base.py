@@ -70,6 +70,7 @@ class Target(Protocol):
     order: SamplerOrder  # how the server turns logits into its sampling distribution
     vocab_size: int | None  # the vocabulary the route speculates in; answered ids outside it are refused
     ends_seen: EndEvidence  # the ids its answers ended on or went on past: the route's stop set follows them
+    sampling_fields: frozenset[str]  # sampling fields besides temperature and truncation its exactness_problem judges
 
     async def probe(self) -> object:
         """Learn the server's capabilities once at start-up."""
@@ -91,8 +92,13 @@ class Target(Protocol):
         """Why a round costs the server its whole context (None: about K + 1 tokens, from its prefix cache)."""
         ...
 
-    def defaults_problem(self, request: GenerationRequest) -> str | None:
-        """Why the server's own defaults for fields the request omits are not the proxy's (None: they are)."""
+    def with_defaults(self, request: GenerationRequest) -> GenerationRequest:
+        """The request as the server samples it: the server's own defaults in the sampling fields it omits."""
+        ...
+
+    def answer_problem(self, request: GenerationRequest) -> str | None:
+        """Why the server would answer this request otherwise than rounds reproduce: defaults the proxy cannot follow,
+        the shape it gives answers, the adapter a model names (None: it would not)."""
         ...
 
     async def score(self, context: list[int], draft: Draft, plan: ScorePlan) -> Scores:

@@ -44,6 +44,8 @@ def sampling_body(params: SamplingParams, max_new_tokens: int, seed: int) -> dic
 class SGLangTarget:
     """Verification and tokenization against an SGLang-protocol server."""
 
+    sampling_fields: frozenset[str] = frozenset()  # its penalties are not in the log-probs it answers
+
     def __init__(self, upstream: Upstream) -> None:
         self.upstream = upstream
         self.info: SGLangInfo | None = None  # set by probe()
@@ -100,9 +102,13 @@ class SGLangTarget:
         """None: a round reads the radix cache up to its last context token (about K + 1 tokens computed)."""
         return None
 
-    def defaults_problem(self, request: GenerationRequest) -> str | None:
-        """None: a request's fields are what the server samples with (server-side defaults are not read yet)."""
-        return None
+    def with_defaults(self, request: GenerationRequest) -> GenerationRequest:
+        """The request as it is: SGLang does not publish the defaults it fills (answer_problem says when it does)."""
+        return request
+
+    def answer_problem(self, request: GenerationRequest) -> str | None:
+        """Why the server's arguments make it answer this request otherwise than rounds over /generate."""
+        return self.info.args.problem(request) if self.info is not None else None
 
     async def score(self, context: list[int], draft: Draft, plan: ScorePlan) -> Scores:
         """One /generate call: exact residual draws through the extension, else top-N folded locally."""

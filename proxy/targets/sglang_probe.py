@@ -7,7 +7,8 @@ Read from SGLang's sources (python/sglang/srt/, release 0.5.23 and older commits
   serialise): never the context length;
 - `/model_info` (the deprecated alias `/get_model_info`, the only one on older releases): paths and
   flags, never a vocabulary size or EOS id; `/server_info` (deprecated `/get_server_info`): the
-  resolved server arguments (`context_length` when set, `enable_deterministic_inference`) and `version`;
+  resolved server arguments (`context_length` when set, `enable_deterministic_inference`, and those
+  sglang_args.py reads) and `version`;
 - the context length is `/v1/models`' `max_model_len` (the model config's `context_len`);
 - `sampling_seed` is honoured only with `--enable-deterministic-inference` (sampling_batch_info.py);
 - `/v1/tokenize` with `messages` renders them as the chat endpoint does, generation prompt included,
@@ -21,6 +22,7 @@ from typing import Any
 
 from proxy.errors import UpstreamError, UpstreamUnavailableError
 from proxy.targets import checks
+from proxy.targets.sglang_args import ServerArgs
 from proxy.targets.upstream import Upstream, UpstreamStatusError
 
 TOKENIZE_PATHS = ("/v1/tokenize", "/tokenize")
@@ -59,6 +61,7 @@ class SGLangInfo:
     alignment: str
     seeds: bool | None  # sampling_seed honoured; None: the server does not say
     exact_support: bool
+    args: ServerArgs = ServerArgs()  # the server arguments that shape its answers
 
     def lines(self) -> list[tuple[str, str]]:
         """(label, finding) rows for `speculoos check`."""
@@ -73,7 +76,7 @@ class SGLangInfo:
                 ("tokenize", self.tokenize_problem or str(self.tokenize_path)), ("chat prompts", chat),
                 ("log-prob alignment", self.alignment), ("seeds", seeds),
                 ("verification", "exact residual draws (draft-support extension)" if self.exact_support
-                 else "top-N log-probs")]
+                 else "top-N log-probs"), *self.args.lines()]
 
 
 async def tokens(upstream: Upstream, path: str, body: dict[str, Any],
@@ -204,7 +207,8 @@ async def probe_sglang(upstream: Upstream) -> SGLangInfo:
     return SGLangInfo(server=server, model=model_info.get("model_path"), served_name=served, context_length=length,
                       context_source=source, tokenize_path=path, tokenize_problem=tokenize_problem, chat=chat,
                       alignment=await _alignment(upstream, None if tokenize_problem else path),
-                      seeds=seeds if isinstance(seeds, bool) else None, exact_support=exact)
+                      seeds=seeds if isinstance(seeds, bool) else None, exact_support=exact,
+                      args=ServerArgs.read(server_info))
 
 
 async def ending_token(upstream: Upstream, path: str) -> int | None:

@@ -23,9 +23,13 @@ from proxy.sampling.processors import SamplerOrder, SamplingParams, processed_pr
 from proxy.sampling.rejection import KnownSupport
 from proxy.targets.base import PositionLogprobs, Verification
 
+PENALTY_NOT_IN_LOGPROBS = "the server applies repetition_penalty after the raw log-probs it answers"
+
 
 def exactness_problem(params: SamplingParams, top_n: int, order: SamplerOrder) -> str | None:
     """Why top-N logprobs cannot give the exact target distribution for these parameters (None: they can)."""
+    if params.repetition_penalty != 1.0:
+        return PENALTY_NOT_IN_LOGPROBS
     if params.greedy:
         return None
     if not 1 <= params.top_k <= top_n:
@@ -51,6 +55,8 @@ def logprobs_problem(params: SamplingParams, n: int, top_n: int, *, sampled_with
 
 def bound_problem(params: SamplingParams) -> str | None:
     """Why even a bounded approximation is not offered (None: it is)."""
+    if params.repetition_penalty != 1.0:
+        return PENALTY_NOT_IN_LOGPROBS
     if params.top_p < 1 or params.min_p > 0:
         return "top_p/min_p over an unknown tail: no useful error bound"
     if params.temperature > 1:

@@ -4,8 +4,14 @@ A round asks, where the server's prefix cache is on, one greedy token after each
 (`context`, `context + d_1`, ..., `context + d_1..d_K`) in one request: vLLM reads the cached context and
 computes only each prompt's tail, so a round costs O(K) tokens. Elsewhere it asks prompt log-probs over
 `context + drafts`, which never read the cache: every round re-prefills the whole context. The shapes are
-read in vllm_answers.py, the server's capabilities in vllm_probe.py. Every call names the neutral value of each
-field vLLM would otherwise fill from the model's generation_config.
+read in vllm_answers.py, the server's capabilities in vllm_probe.py. Every call names each field vLLM would
+otherwise fill from the model's generation_config: rounds ask greedy tokens under the request's repetition penalty,
+plain chunks sample with the request's fields (as the server's defaults completed them).
+
+A repetition penalty applies to every id in the prompt or the output, so a round's prompt (context + drafts) is
+penalised as the generation would be: at temperature 0 the token vLLM picks after each prefix is the server's own
+choice, and stands for the position. Its raw log-probs are not the penalised distribution: sampling under a
+penalty passes through.
 """
 
 from __future__ import annotations
@@ -18,10 +24,17 @@ from proxy.sampling.processors import SamplerOrder, SamplingParams
 from proxy.targets import checks
 from proxy.targets.base import PositionLogprobs, ScorePlan, Scores, Verification
 from proxy.targets.stopping import EndEvidence
-from proxy.targets.topn import exactness_problem, logprobs_problem, support_from_top_n
+from proxy.targets.topn import PENALTY_NOT_IN_LOGPROBS, exactness_problem, logprobs_problem, support_from_top_n
 from proxy.targets.upstream import Upstream, UpstreamStatusError
 from proxy.targets.vllm_answers import ending, output_pairs, parse_prefix_tokens, parse_verification, position
-from proxy.targets.vllm_probe import VLLMInfo, defaults_problem, parse_max_logprobs, prefix_cache, sampling_defaults
+from proxy.targets.vllm_probe import (
+    VLLMInfo,
+    defaults_problem,
+    parse_max_logprobs,
+    prefix_cache,
+    sampling_defaults,
+    with_server_defaults,
+)
 from proxy.targets.warm_prefixes import WarmPrefixes
 from proxy.wire.request import CHAT, GenerationRequest
 
@@ -31,10 +44,11 @@ OVER_ANY_CAP = 1_000_000_000
 CHAT_TEMPLATE_KEYS = ("add_generation_prompt", "continue_final_message", "add_special_tokens",
                       "chat_template", "chat_template_kwargs",
                       "tools")  # rendered whatever tool_choice is, unless --exclude-tools-when-tool-choice-none
-# What the proxy's rounds and plain chunks follow besides temperature and truncation: no penalty, whatever the
-# server's generation_config says for a request that omits them (admission passes through where it differs).
-NEUTRAL_PENALTIES = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
-GREEDY_NEUTRAL = {"temperature": 0.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0, **NEUTRAL_PENALTIES}
+# Penalties on generated ids alone, which rounds cannot follow: named neutral, whatever the server's generation_config
+# says (admission passes through a request whose own or defaulted value is not).
+NEUTRAL_PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
+GREEDY_NEUTRAL = {"temperature": 0.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
+                  **NEUTRAL_PENALTIES}
 UNKNOWN_BLOCK = 16  # tokens: vLLM's default block on GPUs, assumed where /metrics names none
 
 
@@ -42,6 +56,7 @@ class VLLMTarget:
     """Verification and tokenization against a vLLM server."""
 
     order = SamplerOrder.TEMPERATURE_THEN_TRUNCATE  # vllm/v1/sample/sampler.py
+    sampling_fields = frozenset({"repetition_penalty"})
 
     def __init__(self, upstream: Upstream, model: str | None = None) -> None:
         self.upstream = upstream
@@ -96,17 +111,34 @@ class VLLMTarget:
 
     def round_cost(self) -> str | None:
         """Why a round costs the server the whole context (None: it reads the prefix cache, O(K) tokens)."""
-        if self.info is not None and self.info.rounds_read_cache:
-            return None
-        return "prompt log-probs never read vLLM's prefix cache"
+        return None if self.round_reads_cache else "prompt log-probs never read vLLM's prefix cache"
 
-    def defaults_problem(self, request: GenerationRequest) -> str | None:
-        """Why the server's generation_config defaults for the fields this request omits differ from the proxy's."""
-        return defaults_problem(self.info.sampling_defaults if self.info is not None else None, request.body)
+    def with_defaults(self, request: GenerationRequest) -> GenerationRequest:
+        """The request with the server's generation_config defaults in the sampling fields it omits."""
+        return with_server_defaults(self._defaults(), request)
+
+    def answer_problem(self, request: GenerationRequest) -> str | None:
+        """Why the server's generation_config defaults for the fields this request omits cannot be followed."""
+        return defaults_problem(self._defaults(), request.body)
+
+    def _defaults(self) -> tuple[tuple[str, float], ...] | None:
+        return self.info.sampling_defaults if self.info is not None else None
 
     def exactness_problem(self, params: SamplingParams, top_n: int) -> str | None:
-        """What top-N log-probs allow: vLLM returns no more."""
+        """What top-N log-probs allow (vLLM returns no more), and a repetition penalty at temperature 0 over the
+        prefix cache, where vLLM's own choice after each prefix is the penalised argmax."""
+        if params.repetition_penalty != 1.0:
+            if not params.greedy:
+                return f"{PENALTY_NOT_IN_LOGPROBS}: rounds follow it at temperature 0 only"
+            if not self.round_reads_cache:
+                return f"{PENALTY_NOT_IN_LOGPROBS}: rounds follow it over the prefix cache only"
+            return None
         return exactness_problem(params, top_n, self.order)
+
+    @property
+    def round_reads_cache(self) -> bool:
+        """Whether rounds ask one token per prefix over the prefix cache (else prompt log-probs)."""
+        return self.info is not None and self.info.rounds_read_cache
 
     def prompt_fields(self, kind: str) -> frozenset[str]:
         """What prompt_ids() hands to /tokenize: the chat template's settings, or whether to add special tokens."""
@@ -118,25 +150,32 @@ class VLLMTarget:
 
     async def score(self, context: list[int], draft: Draft, plan: ScorePlan) -> Scores:
         """One /v1/completions call, its top-N folded with the draft into the sampler's support."""
-        verification = await self.verify(context, list(draft.tokens), plan.top_n, plan.client_headers, plan.model)
+        verification = await self.verify(context, list(draft.tokens), plan.top_n, plan.client_headers, plan.model,
+                                         repetition_penalty=plan.params.repetition_penalty)
         return Scores(*support_from_top_n(verification, draft.tokens, draft.probs, plan.params, self.order),
                       verification.positions)
 
     def logprobs_problem(self, params: SamplingParams, n: int, top_n: int) -> str | None:
         """vLLM returns raw log-probs (its default logprobs_mode), as the rounds' prompt log-probs are; a round
-        samples among the ids they hold."""
+        samples among the ids they hold. Under a repetition penalty a round keeps only vLLM's choices."""
+        if params.repetition_penalty != 1.0:
+            return "log-probs under a repetition penalty: rounds keep vLLM's penalised choices, not its log-probs"
         return logprobs_problem(params, n, top_n, sampled_within=True)
 
     async def verify(self, context: list[int], draft_tokens: list[int], top_n: int,
-                     client_headers: dict[str, str] | None = None, model: str | None = None) -> Verification:
+                     client_headers: dict[str, str] | None = None, model: str | None = None, *,
+                     repetition_penalty: float = 1.0) -> Verification:
         """Score the drafts and get the bonus position: over the prefix cache where it is on, else in one prompt
-        log-probs call."""
+        log-probs call. Under a repetition penalty each position is vLLM's penalised greedy choice."""
         if top_n < 1:
             raise ValueError("top_n must be at least 1: the argmax comes from the top list")
+        penalised = repetition_penalty != 1.0
+        if penalised and not self.round_reads_cache:
+            raise ValueError("prompt log-probs cannot follow a repetition penalty")
         body = {"model": model or await self.served_model(),  # the client's (a LoRA adapter verifies as itself)
-                "max_tokens": 1, **GREEDY_NEUTRAL, "logprobs": top_n, "return_tokens_as_token_ids": True,
-                "return_token_ids": True}
-        if self.info is None or not self.info.rounds_read_cache:
+                "max_tokens": 1, **GREEDY_NEUTRAL, "repetition_penalty": repetition_penalty, "logprobs": top_n,
+                "return_tokens_as_token_ids": True, "return_token_ids": True}
+        if not self.round_reads_cache:
             body.update(prompt=context + list(draft_tokens), prompt_logprobs=top_n)
             answer = await self.upstream.post_json("/v1/completions", body, client_headers=client_headers)
             return self._saw(parse_verification(answer, len(context), draft_tokens, top_n, vocab_size=self.vocab_size))
@@ -145,7 +184,8 @@ class VLLMTarget:
         block = self.info.prefix_cache.block_size if self.info.prefix_cache is not None else None
         answer = await self._prefix_tokens(body, prompts, block or UNKNOWN_BLOCK, client_headers)
         self._warm.add(context)
-        return self._saw(parse_prefix_tokens(answer, draft_tokens, top_n, vocab_size=self.vocab_size))
+        return self._saw(parse_prefix_tokens(answer, draft_tokens, top_n, vocab_size=self.vocab_size,
+                                             chosen_only=penalised))
 
     def _saw(self, verification: Verification) -> Verification:
         """The verification, its ends of generation noted before the round reads them."""
@@ -207,6 +247,7 @@ class VLLMTarget:
             "top_k": params.top_k or -1,
             "top_p": params.top_p,
             "min_p": params.min_p,
+            "repetition_penalty": params.repetition_penalty,
             **NEUTRAL_PENALTIES,
             "seed": seed,
             "return_token_ids": True,

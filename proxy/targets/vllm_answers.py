@@ -7,7 +7,8 @@ Two shapes (vllm/entrypoints/openai/completion/ in vLLM):
 - one token per prefix (`prompt = [context, context + d_1, ..., context + d_1..d_K]`, `logprobs: N`): choice i's
   generated token (`logprobs.tokens`, "token_id:<id>" with return_tokens_as_token_ids) and its top-N are the
   position after its prompt, so choices 0..K-1 score d_1..d_K and choice K is the bonus position. A draft token
-  outside a position's top-N has no log-prob there.
+  outside a position's top-N has no log-prob there. Under a repetition penalty (`chosen_only`) the generated token
+  is the server's greedy choice, which the raw top-N need not rank first: it stands alone for its position.
 """
 
 from __future__ import annotations
@@ -111,10 +112,11 @@ def parse_verification(answer: Any, context_len: int, draft_tokens: Sequence[int
         raise UpstreamUnavailableError(f"upstream sent a malformed verification answer ({type(exc).__name__})") from exc
 
 
-def parse_prefix_tokens(answer: Any, draft_tokens: Sequence[int], top_n: int, *,
-                        vocab_size: int | None = None) -> Verification:
-    """Turn a one-token-per-prefix answer (K + 1 prompts) into per-position logprobs; raise on anything malformed
-    or out of range (ids below `vocab_size` when given)."""
+def parse_prefix_tokens(answer: Any, draft_tokens: Sequence[int], top_n: int, *, vocab_size: int | None = None,
+                        chosen_only: bool = False) -> Verification:
+    """Turn a one-token-per-prefix answer (K + 1 prompts) into per-position logprobs, or with `chosen_only` into
+    the generated token at each position with certainty; raise on anything malformed or out of range (ids below
+    `vocab_size` when given)."""
     k = len(draft_tokens)
     try:
         choices = sorted(answer["choices"], key=lambda choice: int(choice["index"]))
@@ -130,6 +132,10 @@ def parse_prefix_tokens(answer: Any, draft_tokens: Sequence[int], top_n: int, *,
             pairs = output_pairs(choice["logprobs"]["top_logprobs"][0], vocab_size, what)
             ids, logprobs = position(pairs, top_n, generated, vocab_size, what)
             draft = draft_tokens[index] if index < k else None
+            if chosen_only:
+                standing = None if draft is None else 0.0 if draft == generated else -np.inf
+                positions.append(PositionLogprobs(draft, standing, np.array([generated]), np.zeros(1)))
+                continue
             # The draft's own log-prob is known only inside the top-N; outside it the round counts it unknown mass,
             # which greedy and top_k within the top-N never sample.
             positions.append(PositionLogprobs(draft, dict(pairs).get(draft) if draft is not None else None,

@@ -14,19 +14,22 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.errors import UpstreamError
 from proxy.targets.body_reading import read_body
 from proxy.targets.upstream import Upstream, UpstreamStatusError
+from proxy.wire.request import GenerationRequest
 
 # Fields vLLM fills from generation_config (ModelConfig.get_diff_sampling_param), at the values the proxy itself
 # uses when a request names none: OpenAI's, which are vLLM's own SamplingParams defaults.
 PROXY_DEFAULTS: dict[str, float] = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
                                     "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
-TRUNCATIONS = ("top_p", "top_k", "min_p")  # vLLM turns them off at greedy temperatures (SamplingParams.__post_init__)
-VLLM_GREEDY_EPS = 1e-5  # _SAMPLING_EPS in vllm/sampling_params.py
+# The defaults a request takes from the server where it omits them: the proxy samples with them (a repetition
+# penalty only where the target's exactness_problem allows it). The others count generated ids alone, which a
+# round's prompt is not: a request left to them passes through.
+FOLLOWED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 RENDER_PATH = "/v1/completions/render"
 NOT_HERE = (404, 405)
 DISABLED = 403  # vLLM >= 0.32 without --enable-scale-out: "Scale-out endpoints are disabled"
@@ -83,11 +86,15 @@ class VLLMInfo:
         """What the server applies to fields a request omits, and what follows for the proxy."""
         if self.sampling_defaults is None:
             return f"unknown ({self.defaults_source}): {SCALE_OUT_HINT}"
-        changed = [f"{name} {value:g}" for name, value in self.sampling_defaults if value != PROXY_DEFAULTS[name]]
+        changed = {name: value for name, value in self.sampling_defaults if value != PROXY_DEFAULTS[name]}
         if not changed:
             return f"the proxy's own ({self.defaults_source})"
-        return (f"{', '.join(changed)} ({self.defaults_source}): requests that omit them pass through unless "
-                "they name the value")
+        line = f"{', '.join(f'{name} {value:g}' for name, value in changed.items())} ({self.defaults_source}): "
+        if changed.keys() - set(FOLLOWED):
+            return line + "requests that omit the penalties on generated ids pass through"
+        if "repetition_penalty" in changed:
+            return line + "followed; a request left to the repetition penalty speculates at temperature 0 only"
+        return line + "followed"
 
 
 def parse_max_logprobs(message: str) -> int | None:
@@ -116,21 +123,28 @@ def parse_sampling_defaults(rendered: Any) -> tuple[tuple[str, float], ...]:
     return tuple(values.items())
 
 
+def with_server_defaults(defaults: tuple[tuple[str, float], ...] | None,
+                         request: GenerationRequest) -> GenerationRequest:
+    """The request as the server samples it: its omitted sampling fields at the server's defaults."""
+    if defaults is None:
+        return request
+    filled: dict[str, float | int] = {name: value for name, value in defaults
+                                      if name in FOLLOWED and request.body.get(name) is None}
+    filled["top_k"] = int(filled.get("top_k", request.top_k))
+    return replace(request, **filled)
+
+
 def defaults_problem(defaults: tuple[tuple[str, float], ...] | None, body: dict) -> str | None:
-    """Why the server's defaults for the fields this request omits are not what the proxy would use (None: they
-    are, or they are unknown)."""
+    """Why the server's defaults for the fields this request omits are ones the proxy cannot follow (None: it can,
+    or they are unknown)."""
     if defaults is None:
         return None
-    server = dict(defaults)
-    named = {name: body[name] for name in PROXY_DEFAULTS if body.get(name) is not None}
-    temperature = named.get("temperature", server["temperature"])
-    differ = [f"{name} {value:g}" for name, value in server.items()
-              if name not in named and value != PROXY_DEFAULTS[name]
-              and not (name in TRUNCATIONS and temperature < VLLM_GREEDY_EPS)]
+    differ = [f"{name} {value:g}" for name, value in defaults
+              if name not in FOLLOWED and body.get(name) is None and value != PROXY_DEFAULTS[name]]
     if not differ:
         return None
     return (f"the server's generation_config applies {', '.join(differ)} to a request that leaves "
-            f"{'it' if len(differ) == 1 else 'them'} out, which the proxy's rounds do not follow")
+            f"{'it' if len(differ) == 1 else 'them'} out, which counts generated ids only: a round's prompt is not")
 
 
 async def sampling_defaults(upstream: Upstream, model: str) -> tuple[tuple[tuple[str, float], ...] | None, str]:

@@ -16,6 +16,7 @@ from proxy.wire.logprobs import requested_logprobs
 
 LEGACY_DEFAULT_MAX_TOKENS = 16  # /v1/completions default on vLLM and SGLang
 MAX_STOP_STRINGS = 4
+MAX_REPETITION_PENALTY = 1e6  # vLLM takes any positive value; past this a request is surely a mistake
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class GenerationRequest:
     body: dict = field(repr=False)
     prediction: str | None = field(default=None, repr=False)  # Predicted Outputs: the output the client expects
     logprobs: int | None = None  # top log-probs per token the client asks for (0: the token's own); None: none
+    repetition_penalty: float = 1.0  # vLLM's and SGLang's extension; 1 = off
 
     @property
     def greedy(self) -> bool:
@@ -48,7 +50,7 @@ class GenerationRequest:
     @property
     def sampling_params(self) -> SamplingParams:
         """The request's sampling parameters."""
-        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty)
 
     def max_tokens_within(self, prompt_tokens: int, context_size: int, whose: str = "the") -> int:
         """The tokens to generate: max_tokens, or what is left of the context; a 400 if it does not fit."""
@@ -164,6 +166,9 @@ def parse_generation_request(body: Any, kind: Literal["chat", "completion"]) -> 
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise BadRequestError("'seed' must be an integer", param="seed")
     top_k = _integer(body, "top_k", -1)
+    repetition_penalty = _number(body, "repetition_penalty", 1.0, 0.0, MAX_REPETITION_PENALTY)
+    if repetition_penalty == 0:
+        raise BadRequestError("'repetition_penalty' must be greater than 0", param="repetition_penalty")
     return GenerationRequest(
         kind=kind,
         model=model,
@@ -182,4 +187,5 @@ def parse_generation_request(body: Any, kind: Literal["chat", "completion"]) -> 
         body=body,
         prediction=_prediction(body),
         logprobs=requested_logprobs(body, kind),
+        repetition_penalty=repetition_penalty,
     )

@@ -7,45 +7,27 @@ A ChatML-shaped completion prompt makes the model write `<|im_end|>` and go on.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests import support as http
-from tests.e2e.servers import REPO, SMOL, Process
-from tests.e2e.vllm_harness import MODEL, served_vllm, start_vllm_proxy
+from tests.e2e.servers import SMOL, Process
+from tests.e2e.vllm_harness import MODEL, changed_model_folder, served_vllm, start_vllm_proxy
 
 pytestmark = pytest.mark.vllm
 
 END_OF_TEXT, IM_END = 0, 2  # SmolLM2's ids
 PROMPT = "<|im_start|>user\nWhat is 2+2? Answer with a number.<|im_end|>\n<|im_start|>assistant\n"
 MAX_TOKENS = 48
-REWRITTEN = ("config.json", "generation_config.json", "tokenizer_config.json")
-
-
-def base_model_folder(converted: Path, folder: Path) -> Path:
-    """The converted folder with a base model's ends: links to its files, the three configs rewritten."""
-    folder.mkdir(exist_ok=True)
-    for path in converted.iterdir():
-        if path.name not in REWRITTEN and not (folder / path.name).exists():
-            (folder / path.name).symlink_to(path)
-    for name, key, value in (("config.json", "eos_token_id", END_OF_TEXT),
-                             ("generation_config.json", "eos_token_id", END_OF_TEXT),
-                             ("tokenizer_config.json", "eos_token", "<|endoftext|>")):
-        config = json.loads((converted / name).read_text())
-        (folder / name).write_text(json.dumps({**config, key: value}, indent=2))
-    return folder
 
 
 @pytest.fixture(scope="module")
 def base_vllm(log_dir: Path) -> Iterator[str]:
-    converted = subprocess.run([str(REPO / "scripts" / "setup_vllm.sh")], cwd=REPO, capture_output=True, text=True,
-                               check=True, env={**os.environ, "SPECULOOS_VLLM_MODEL": MODEL})
-    folder = base_model_folder(Path(converted.stdout.strip().splitlines()[-1]), log_dir / "smollm2-base-ends")
+    folder = changed_model_folder(log_dir / "smollm2-base-ends", {
+        "config.json": {"eos_token_id": END_OF_TEXT}, "generation_config.json": {"eos_token_id": END_OF_TEXT},
+        "tokenizer_config.json": {"eos_token": "<|endoftext|>"}})
     with served_vllm(log_dir, MODEL, folder=folder) as url:
         yield url
 

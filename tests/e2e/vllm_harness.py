@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -57,6 +58,21 @@ def served_vllm(log_dir: Path, model: str = MODEL, *arguments: str, folder: Path
     finally:
         if pid_file.exists():
             stop_group(pid_file)
+
+
+def changed_model_folder(folder: Path, changes: dict[str, dict[str, Any]]) -> Path:
+    """SmolLM2's folder as scripts/setup_vllm.sh converts it, with keys of its JSON files changed (`changes`, by
+    file name): links to every other file."""
+    converted = subprocess.run([str(REPO / "scripts" / "setup_vllm.sh")], cwd=REPO, capture_output=True, text=True,
+                               check=True, env={**os.environ, "SPECULOOS_VLLM_MODEL": MODEL})
+    source = Path(converted.stdout.strip().splitlines()[-1])
+    folder.mkdir(exist_ok=True)
+    for path in source.iterdir():
+        if path.name not in changes and not (folder / path.name).exists():
+            (folder / path.name).symlink_to(path)
+    for name, keys in changes.items():
+        (folder / name).write_text(json.dumps({**json.loads((source / name).read_text()), **keys}, indent=2))
+    return folder
 
 
 def start_vllm_proxy(vllm_url: str, draft: str, log_dir: Path, name: str) -> Process:

@@ -14,7 +14,8 @@ The rest, read from SGLang's sources (python/sglang/srt/entrypoints/; release 0.
   fails serialisation (500) before.
 - `GET /v1/models`: one card, the context length as `max_model_len`; `GET /model_info` (0.5.23; the
   deprecated `/get_model_info` everywhere): paths and flags, no vocabulary size or EOS; `GET /server_info`
-  (deprecated `/get_server_info`): the resolved server args, `version`.
+  (deprecated `/get_server_info`): the resolved server args (server_args.py: `sampling_defaults`,
+  `preferred_sampling_params`, `reasoning_parser`, `tool_call_parser`, the LoRA ones), `version`.
 - `POST /v1/chat/completions` (non-streaming only): the conversation rendered as above; `max_tokens` 0
   means unset; `return_prompt_token_ids` (0.5.23) adds `prompt_token_ids` to the choice.
 """
@@ -46,6 +47,10 @@ CONTEXT_SIZE = 4096
 SERVED_NAME = "toy"
 ROLE_IDS = {"system": 21, "user": 22, "assistant": 23}  # the toy chat template's role markers
 LIMITS = web.AppKey("limits", dict)  # context_size, tokenizer_max_length, launch_context_length
+SERVER_ARGS = web.AppKey("server_args", dict)  # the server arguments /server_info adds
+# As the README starts SGLang for the proxy (--sampling-defaults openai); the others at SGLang's defaults.
+STARTED_ARGS = {"sampling_defaults": "openai", "preferred_sampling_params": None, "reasoning_parser": None,
+                "tool_call_parser": None, "enable_lora": None, "lora_paths": None}
 ORJSON_INT_LIMIT = 2**64  # the largest int orjson writes, plus one
 # Releases before 0.5.23: conversations without add_generation_prompt, only the deprecated info paths,
 # no prompt ids from the chat endpoint; the oldest tokenize takes prompts only and pads only a start of 0.
@@ -164,7 +169,7 @@ async def server_info(request: web.Request) -> web.Response:
     return web.json_response({"model_path": SERVED_NAME, "context_length": limits["launch_context_length"],
                               "enable_deterministic_inference": release.deterministic,
                               "max_req_input_len": limits["context_size"] - 1, "internal_states": [{}],
-                              "version": release.version})
+                              "version": release.version, **request.app[SERVER_ARGS]})
 
 
 async def models(request: web.Request) -> web.Response:
@@ -177,11 +182,13 @@ async def models(request: web.Request) -> web.Response:
 
 
 def fake_sglang_app(model: ToyModel, *, release: Release = Release(), context_size: int = CONTEXT_SIZE,
-                    tokenizer_max_length: int | None = None, launch_context_length: int | None = None
-                    ) -> web.Application:
-    """The fake server around one toy model; the tokenizer's model_max_length defaults to the context size."""
+                    tokenizer_max_length: int | None = None, launch_context_length: int | None = None,
+                    **server_args: Any) -> web.Application:
+    """The fake server around one toy model; the tokenizer's model_max_length defaults to the context size;
+    `server_args` change the arguments /server_info shows."""
     app = web.Application()
     app[SEEN], app[MODEL], app[CACHE], app[RELEASE] = [], model, [], release
+    app[SERVER_ARGS] = {**STARTED_ARGS, **server_args}
     app[LIMITS] = {"context_size": context_size, "launch_context_length": launch_context_length,
                    "tokenizer_max_length": context_size if tokenizer_max_length is None else tokenizer_max_length}
     app.router.add_post("/generate", generate)

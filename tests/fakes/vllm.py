@@ -6,7 +6,8 @@ the kind of request. `toy_vllm_app` serves a toy model, read from vLLM's sources
   one `prompt` of token ids (used verbatim) or text; `max_tokens` (default: what fits the context),
   `temperature` (below 1e-5 greedy), `top_k` (0 or -1 off), `top_p`, `min_p`, `seed`, `ignore_eos`,
   checked as sampling_params.py does (a refusal is 400 with vLLM's error body). Sampling follows vLLM's
-  order: temperature, then min_p, top_k, top_p.
+  order: `repetition_penalty` (every id in the prompt or the output: a positive logit divided by it, any other
+  multiplied, model_executor/layers/utils.py `apply_penalties`), greedy, else temperature, min_p, top_k, top_p.
 - `prompt_logprobs: k` -> `choices[0].prompt_logprobs`: entry 0 null, entry j a dict keyed by the id as
   a string, `{logprob, rank, decoded_token}`, the prompt token first (ranked by how many tokens score
   at least as high) then the top k (ranks 1..k); a token in both appears once.
@@ -33,7 +34,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from proxy.sampling.processors import SamplerOrder, SamplingParams
+from proxy.sampling.processors import SamplerOrder, SamplingParams, processed_probs
 from proxy.sampling.rejection import sample
 from tests.fakes.sglang import toy_chat_ids
 from tests.fakes.toy_model import END, ToyModel, ToyVocabulary
@@ -123,6 +124,7 @@ def _sampling(body: dict[str, Any], prompt_len: int) -> tuple[SamplingParams, in
 
     temperature, top_p = float(value("temperature", 1.0)), float(value("top_p", 1.0))
     top_k, min_p = int(value("top_k", 0)), float(value("min_p", 0.0))
+    penalty = float(value("repetition_penalty", 1.0))
     max_tokens = int(value("max_tokens", CONTEXT_SIZE - prompt_len))
     if not math.isfinite(temperature) or temperature < 0.0:
         raise RefusedError(f"temperature must be non-negative, got {temperature}.", param="temperature",
@@ -136,6 +138,8 @@ def _sampling(body: dict[str, Any], prompt_len: int) -> tuple[SamplingParams, in
         raise RefusedError(f"top_k must be 0 (disable), or at least 1, got {top_k}.")
     if not 0.0 <= min_p <= 1.0:
         raise RefusedError(f"min_p must be in [0, 1], got {min_p}.")
+    if not penalty > 0.0:
+        raise RefusedError(f"repetition_penalty must be greater than zero, got {penalty}.")
     if max_tokens < 1:
         raise RefusedError(f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens", value=max_tokens)
     for key, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
@@ -143,8 +147,15 @@ def _sampling(body: dict[str, Any], prompt_len: int) -> tuple[SamplingParams, in
             raise RefusedError(f"Requested {kind} logprobs of {body[key]}, which is greater than max allowed: "
                                f"{MAX_LOGPROBS}", param=key, value=body[key])
     if temperature < VLLM_GREEDY_EPS:
-        return SamplingParams(temperature=0.0), max_tokens
-    return SamplingParams(temperature, 0 if top_k in (0, -1) else top_k, top_p, min_p), max_tokens
+        return SamplingParams(temperature=0.0, repetition_penalty=penalty), max_tokens
+    return SamplingParams(temperature, 0 if top_k in (0, -1) else top_k, top_p, min_p, penalty), max_tokens
+
+
+def penalised(logits: np.ndarray, seen: Sequence[int], penalty: float) -> np.ndarray:
+    """vLLM's repetition penalty on the ids of the prompt and the output."""
+    out, ids = logits.copy(), np.unique(np.asarray(seen, dtype=np.int64))
+    out[ids] = np.where(out[ids] > 0, out[ids] / penalty, out[ids] * penalty)
+    return out
 
 
 def _ranked(logprobs: np.ndarray, standing: int, k: int) -> list[tuple[int, float, int]]:
@@ -195,8 +206,9 @@ def completion(app: web.Application, body: dict[str, Any]) -> dict[str, Any]:
     rng = np.random.default_rng(body.get("seed"))
     output, rows, context, finish, stop_reason = [], [], list(ids), "length", None
     for _ in range(max_tokens):
-        logprobs = model.log_softmax(context)
-        token = int(np.argmax(logprobs)) if params.greedy else sample(model.probs(context, params, VLLM_ORDER), rng)
+        logprobs = model.log_softmax(context)  # raw: before the penalty, as vLLM's default logprobs_mode
+        logits = penalised(model.logits(context), context, params.repetition_penalty)
+        token = int(np.argmax(logits)) if params.greedy else sample(processed_probs(logits, params, VLLM_ORDER), rng)
         output.append(token)
         rows.append(_ranked(logprobs, token, int(body.get("logprobs") or 0)))
         context.append(token)

@@ -6,7 +6,7 @@ what the proxy reads from such a server, in the shapes captured from a real one 
   server would use, its generation_config defaults (`sampling_defaults`) filling the fields the request omits
   (entrypoints/scale_out/render/serving.py); msgspec leaves out fields at vLLM's own defaults.
 - `GET /metrics`: the `vllm:cache_config_info` line, with `enable_prefix_caching` and `block_size`.
-The toy generation itself ignores penalties: the tests read what the proxy asked for.
+The toy generation applies the repetition penalty as vllm.py does; presence and frequency penalties it ignores.
 """
 
 from __future__ import annotations

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from proxy.admission import RouteSnapshot, forcing_problem, passthrough_reason
 from proxy.config.speculation import SpeculationConfig
+from proxy.sampling.processors import SamplingParams
 from proxy.targets.sglang import SGLangTarget
 from proxy.targets.upstream import Timeouts, Upstream
 from proxy.targets.vllm import VLLMTarget
@@ -59,8 +61,9 @@ async def test_sglangs_rounds_read_its_cache(upstreams: dict) -> None:
 
 
 def reason(target: Any, body: dict[str, Any], control: RequestControl, allow_force: bool | None = None) -> str | None:
+    """Why the request passes through, judged as the handler judges it: with the server's defaults filled in."""
     route = RouteSnapshot(SpeculationConfig(allow_force=allow_force), True, target, vocabulary_size=100)
-    return passthrough_reason(route, parse_generation_request(body, CHAT), control)  # type: ignore[arg-type]
+    return passthrough_reason(route, target.with_defaults(parse_generation_request(body, CHAT)), control)
 
 
 @pytest.mark.parametrize("control", [RequestControl(forced=True), RequestControl(forced=True, pinned_k=4)],
@@ -72,14 +75,32 @@ async def test_a_forced_request_on_a_costly_route_passes_through(upstreams: dict
     assert reason(target, GREEDY_CHAT, control, allow_force=True) is None
 
 
-@pytest.mark.parametrize(("body", "speculates"), [
-    (GREEDY_CHAT, False),  # the server would apply repetition_penalty 1.05
-    ({**GREEDY_CHAT, "repetition_penalty": 1.0}, True),
-    ({**GREEDY_CHAT, "temperature": 0.7, "repetition_penalty": 1}, False),  # top_p 0.8 and top_k 20 would apply
-    ({**GREEDY_CHAT, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1}, True),
+PENALISED = "cannot be exact: the server applies repetition_penalty after the raw log-probs it answers"
+
+
+@pytest.mark.parametrize(("info", "body", "passes"), [
+    (QWEN, GREEDY_CHAT, None),  # repetition_penalty 1.05 at temperature 0: vLLM's own choice after each prefix
+    (QWEN, {**GREEDY_CHAT, "repetition_penalty": 1.3}, None),  # named, likewise
+    (QWEN, {**GREEDY_CHAT, "repetition_penalty": 1.0}, None),
+    (QWEN, {**GREEDY_CHAT, "temperature": 0.7, "repetition_penalty": 1}, None),  # top_p 0.8, top_k 20 followed
+    (QWEN, {**GREEDY_CHAT, "temperature": None}, f"{PENALISED}: rounds follow it at temperature 0 only"),
+    (QWEN, {**GREEDY_CHAT, "temperature": 0.7}, f"{PENALISED}: rounds follow it at temperature 0 only"),
+    (QWEN, {**GREEDY_CHAT, "logprobs": True}, "log-probs under a repetition penalty"),
+    (replace(QWEN, prefix_cache=PrefixCache(False, 128)), GREEDY_CHAT,
+     f"{PENALISED}: rounds follow it over the prefix cache only"),
+    (replace(QWEN, sampling_defaults=(*(QWEN.sampling_defaults or ()), ("presence_penalty", 0.5))), GREEDY_CHAT,
+     "server: the server's generation_config applies presence_penalty 0.5 to a request that leaves it out"),
 ])
-async def test_requests_the_server_would_sample_otherwise_pass_through(upstreams: dict, body: dict,
-                                                                      speculates: bool) -> None:
-    why = reason(vllm(upstreams, LOOPBACK, QWEN), body, RequestControl())
-    assert (why is None) == speculates, why
-    assert speculates or (why or "").startswith("server defaults: the server's generation_config applies")
+async def test_requests_speculate_as_the_server_would_sample_them(upstreams: dict, info: VLLMInfo, body: dict,
+                                                                  passes: str | None) -> None:
+    why = reason(vllm(upstreams, LOOPBACK, info), body, RequestControl())
+    assert (why is None) == (passes is None) and (why or "").startswith(passes or ""), why
+
+
+async def test_a_request_takes_the_servers_defaults_for_the_fields_it_omits(upstreams: dict) -> None:
+    target = vllm(upstreams, LOOPBACK, QWEN)
+    omitted = target.with_defaults(parse_generation_request({**GREEDY_CHAT, "temperature": None}, CHAT))
+    assert omitted.sampling_params == SamplingParams(0.7, top_k=20, top_p=0.8, repetition_penalty=1.05)
+    named = target.with_defaults(parse_generation_request({**GREEDY_CHAT, "top_k": 5, "repetition_penalty": 1}, CHAT))
+    assert named.sampling_params == SamplingParams(0.0, top_k=5, top_p=0.8, repetition_penalty=1.0)
+    assert vllm(upstreams, LOOPBACK, O_K).with_defaults(omitted) == omitted  # no defaults read: as it is

@@ -169,6 +169,16 @@ def test_calls_from_another_thread_are_not_counted() -> None:
     assert clock.totals == {}
 
 
+def test_every_stage_names_a_function_the_proxy_calls_by_that_name() -> None:
+    # The bench patches module and class attributes by name: a moved or renamed function must fail here,
+    # not only when the slow bench runs.
+    clock = overhead_stages.StageClock(thread=-1)
+    with overhead_stages.patched(clock, overhead_stages.proxy_stages()):
+        pass
+    for owner, name, _, _ in overhead_stages.proxy_stages():
+        assert callable(vars(owner)[name])
+
+
 @pytest.mark.parametrize(("samples", "least", "expected"), [
     ([], 2, []),
     ([(0.0, 0), (1.0, 1), (2.0, 2), (3.0, 4), (3.5, 5)], 2, [1.0, 0.5]),  # the last window is too short

@@ -108,13 +108,17 @@ async def test_completion_prompt_ids(body: dict, expected_ids: list[int], tokeni
     assert tokenized == ([tokenize_request] if tokenize_request else [])
 
 
-async def test_generate_asks_vllm_to_sample_and_returns_its_token_ids() -> None:
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+async def test_generate_asks_vllm_to_sample_and_returns_its_token_ids(penalty: float) -> None:
+    # A repetition penalty counts the prompt's ids as the output's: a plain continuation names the request's own.
     captured = ENDPOINTS["POST /v1/completions generate"]
     async with fake_vllm() as (target, seen):
         target.model = "smollm2-135m"
-        tokens = await target.generate([504, 3575, 282, 4649, 314], 8, SamplingParams(0.7, top_p=0.9), seed=1)
+        params = SamplingParams(0.7, top_p=0.9, repetition_penalty=penalty)
+        tokens = await target.generate([504, 3575, 282, 4649, 314], 8, params, seed=1)
     assert tokens == captured["body"]["choices"][0]["token_ids"]
-    assert seen == [("POST /v1/completions", {**captured["request"], **NEUTRAL_PENALTIES})]
+    assert seen == [("POST /v1/completions",
+                     {**captured["request"], **NEUTRAL_PENALTIES, "repetition_penalty": penalty})]
 
 
 async def test_upstream_errors_pass_through_verify() -> None:

@@ -82,15 +82,15 @@ def test_the_captured_metrics_and_render() -> None:
     assert defaults_problem(defaults, {}) is None  # SmolLM2's generation_config names no sampling field
 
 
-@pytest.mark.parametrize(("body", "named"), [
-    ({}, ["temperature 0.7", "top_p 0.8", "top_k 20", "repetition_penalty 1.05"]),
-    ({"temperature": 0}, ["repetition_penalty 1.05"]),  # vLLM turns truncation off at temperature 0
-    ({"temperature": 0, "repetition_penalty": 1.0}, []),
-    ({"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1}, []),
-    ({"temperature": 1.0, "repetition_penalty": 1.0, "top_p": None}, ["top_p 0.8", "top_k 20"]),
+@pytest.mark.parametrize(("server", "body", "named"), [
+    (QWEN_DEFAULTS, {}, []),  # temperature, truncation and the repetition penalty are followed (the request's own)
+    ({"presence_penalty": 0.5, "frequency_penalty": 0.2}, {}, ["presence_penalty 0.5", "frequency_penalty 0.2"]),
+    ({"presence_penalty": 0.5}, {"presence_penalty": 0}, []),  # named: the request's own value
+    ({"frequency_penalty": 0.2}, {"presence_penalty": 0}, ["frequency_penalty 0.2"]),
 ])
-def test_server_defaults_for_omitted_fields(body: dict[str, Any], named: list[str]) -> None:
-    defaults = tuple({**dict(parse_sampling_defaults([{"sampling_params": {}}])), **QWEN_DEFAULTS}.items())
+def test_only_defaults_on_generated_ids_cannot_be_followed(server: dict[str, float], body: dict[str, Any],
+                                                           named: list[str]) -> None:
+    defaults = tuple({**dict(parse_sampling_defaults([{"sampling_params": {}}])), **server}.items())
     problem = defaults_problem(defaults, body)
     assert (problem is None) == (not named)
     assert all(field in (problem or "") for field in named), problem

@@ -1,0 +1,72 @@
+"""Greedy decoding under the server's repetition penalty, over vLLM's prefix cache: the answer is the server's own
+penalised greedy text, in rounds and in plain chunks, though the drafts and the raw log-probs know no penalty."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestServer
+
+from proxy.control.policy import PinnedPolicy
+from proxy.decode.events import Publisher
+from proxy.decode.loop import speculative_tokens
+from proxy.decode.session import RequestRandom, Session
+from proxy.sampling.processors import SamplingParams
+from proxy.targets.stopping import StopSet
+from proxy.targets.upstream import Timeouts, Upstream
+from proxy.targets.vllm import VLLMTarget
+from tests.fakes.toy_model import END, ToyModel
+from tests.fakes.vllm import SEEN, penalised
+from tests.fakes.vllm_scale_out import scale_out_vllm_app
+from tests.unit.decode.harness import PROMPT, TOP_N, SwitchAfter, follow
+
+MAX_TOKENS = 24
+PENALTY = 1.3
+
+
+def penalised_greedy(model: ToyModel, penalty: float) -> list[int]:
+    """The server's own greedy tokens after PROMPT under the penalty, to the first end."""
+    context = list(PROMPT)
+    while len(context) - len(PROMPT) < MAX_TOKENS and context[-1:] != [END]:
+        context.append(int(np.argmax(penalised(model.logits(context), context, penalty))))
+    return context[len(PROMPT):]
+
+
+@asynccontextmanager
+async def prefix_cache_vllm(model: ToyModel) -> AsyncIterator[tuple[VLLMTarget, list]]:
+    app = scale_out_vllm_app(model)
+    server = TestServer(app)
+    await server.start_server()
+    upstream = Upstream(str(server.make_url("")), Timeouts(1.0, 5.0, 5.0))
+    try:
+        target = VLLMTarget(upstream)
+        await target.probe()
+        app[SEEN].clear()
+        yield target, app[SEEN]
+    finally:
+        await upstream.close()
+        await server.close()
+
+
+async def generate(model: ToyModel, target: VLLMTarget, policy: PinnedPolicy, penalty: float) -> list[int]:
+    """A greedy generation drafted by the model's unpenalised greedy continuation."""
+    params = SamplingParams(temperature=0.0, repetition_penalty=penalty)
+    session = Session(request_id="req", route="route", prompt_ids=PROMPT, max_tokens=MAX_TOKENS, params=params,
+                      order=target.order, top_n=TOP_N, policy=policy, random=RequestRandom.from_seed(1),
+                      publish=Publisher([policy.observe]), ends=StopSet(frozenset({END}), "the draft's").is_end)
+    return sum([batch async for batch in speculative_tokens(session, follow(model), target)], [])
+
+
+@pytest.mark.parametrize("policy", [lambda: PinnedPolicy(4), lambda: SwitchAfter(4, rounds=1)],
+                         ids=["rounds", "plain chunks"])
+async def test_greedy_under_a_repetition_penalty_is_the_servers_own_text(policy) -> None:
+    model = ToyModel(seed=3)
+    expected = penalised_greedy(model, PENALTY)
+    assert expected != penalised_greedy(model, 1.0)  # the control: the penalty changes this text
+    async with prefix_cache_vllm(model) as (target, seen):
+        assert target.exactness_problem(SamplingParams(0.0, repetition_penalty=PENALTY), TOP_N) is None
+        assert await generate(model, target, policy(), PENALTY) == expected
+    assert {body["repetition_penalty"] for path, body in seen if path == "POST /v1/completions"} == {PENALTY}
