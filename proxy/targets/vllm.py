@@ -4,14 +4,10 @@ A round asks, where the server's prefix cache is on, one greedy token after each
 (`context`, `context + d_1`, ..., `context + d_1..d_K`) in one request: vLLM reads the cached context and
 computes only each prompt's tail, so a round costs O(K) tokens. Elsewhere it asks prompt log-probs over
 `context + drafts`, which never read the cache: every round re-prefills the whole context. The shapes are
-read in vllm_answers.py, the server's capabilities in vllm_probe.py. Every call names each field vLLM would
-otherwise fill from the model's generation_config: rounds ask greedy tokens under the request's repetition penalty,
-plain chunks sample with the request's fields (as the server's defaults completed them).
-
-A repetition penalty applies to every id in the prompt or the output, so a round's prompt (context + drafts) is
-penalised as the generation would be: at temperature 0 the token vLLM picks after each prefix is the server's own
-choice, and stands for the position. Its raw log-probs are not the penalised distribution: sampling under a
-penalty passes through.
+read in vllm_answers.py, the server's capabilities in vllm_probe.py, what rounds follow of its sampling (a
+repetition penalty) in vllm_sampling.py. Every call names each field vLLM would otherwise fill from the model's
+generation_config: rounds as vllm_sampling.py says, plain chunks with the request's fields (as the server's
+defaults completed them).
 """
 
 from __future__ import annotations
@@ -24,17 +20,20 @@ from proxy.sampling.processors import SamplerOrder, SamplingParams
 from proxy.targets import checks
 from proxy.targets.base import PositionLogprobs, ScorePlan, Scores, Verification
 from proxy.targets.stopping import EndEvidence
-from proxy.targets.topn import PENALTY_NOT_IN_LOGPROBS, exactness_problem, logprobs_problem, support_from_top_n
+from proxy.targets.topn import exactness_problem, logprobs_problem, support_from_top_n
 from proxy.targets.upstream import Upstream, UpstreamStatusError
 from proxy.targets.vllm_answers import ending, output_pairs, parse_prefix_tokens, parse_verification, position
 from proxy.targets.vllm_probe import (
     VLLMInfo,
+    answers_processed_logprobs,
     defaults_problem,
     parse_max_logprobs,
     prefix_cache,
     sampling_defaults,
+    splits_reasoning,
     with_server_defaults,
 )
+from proxy.targets.vllm_sampling import GREEDY, NEUTRAL_PENALTIES, penalty_problem, round_sampling, samples_rounds
 from proxy.targets.warm_prefixes import WarmPrefixes
 from proxy.wire.request import CHAT, GenerationRequest
 
@@ -44,11 +43,6 @@ OVER_ANY_CAP = 1_000_000_000
 CHAT_TEMPLATE_KEYS = ("add_generation_prompt", "continue_final_message", "add_special_tokens",
                       "chat_template", "chat_template_kwargs",
                       "tools")  # rendered whatever tool_choice is, unless --exclude-tools-when-tool-choice-none
-# Penalties on generated ids alone, which rounds cannot follow: named neutral, whatever the server's generation_config
-# says (admission passes through a request whose own or defaulted value is not).
-NEUTRAL_PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
-GREEDY_NEUTRAL = {"temperature": 0.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
-                  **NEUTRAL_PENALTIES}
 UNKNOWN_BLOCK = 16  # tokens: vLLM's default block on GPUs, assumed where /metrics names none
 
 
@@ -92,7 +86,7 @@ class VLLMTarget:
 
     async def probe(self) -> VLLMInfo:
         """Version, model, context size, the --max-logprobs cap (from the error a huge request gets), the prefix
-        cache and the server's sampling defaults."""
+        cache, the server's sampling defaults and whether it splits off chat answers' reasoning."""
         await self._model_card()
         version = await self.upstream.get_json("/version")
         body = {"model": await self.served_model(), "prompt": [0], "max_tokens": 1, "prompt_logprobs": OVER_ANY_CAP}
@@ -104,7 +98,9 @@ class VLLMTarget:
         defaults, source = await sampling_defaults(self.upstream, await self.served_model())
         try:
             self.info = VLLMInfo(str(version["version"]), str(self.model), await self.context_size(), max_logprobs,
-                                 await prefix_cache(self.upstream), defaults, source)
+                                 await prefix_cache(self.upstream), defaults, source,
+                                 await splits_reasoning(self.upstream, await self.served_model()),
+                                 await answers_processed_logprobs(self.upstream, await self.served_model()))
         except checks.MALFORMED as exc:
             raise UpstreamUnavailableError("upstream sent a malformed /version answer") from exc
         return self.info
@@ -118,21 +114,19 @@ class VLLMTarget:
         return with_server_defaults(self._defaults(), request)
 
     def answer_problem(self, request: GenerationRequest) -> str | None:
-        """Why the server's generation_config defaults for the fields this request omits cannot be followed."""
+        """Why the server would answer otherwise than rounds: generation_config defaults for the fields this request
+        omits that cannot be followed, or a chat answer's reasoning split off."""
+        if request.kind == CHAT and self.info is not None and self.info.reasoning:
+            return "the server parts reasoning from chat answers (--reasoning-parser)"
         return defaults_problem(self._defaults(), request.body)
 
     def _defaults(self) -> tuple[tuple[str, float], ...] | None:
         return self.info.sampling_defaults if self.info is not None else None
 
     def exactness_problem(self, params: SamplingParams, top_n: int) -> str | None:
-        """What top-N log-probs allow (vLLM returns no more), and a repetition penalty at temperature 0 over the
-        prefix cache, where vLLM's own choice after each prefix is the penalised argmax."""
+        """What top-N log-probs allow (vLLM returns no more), and what rounds follow of a repetition penalty."""
         if params.repetition_penalty != 1.0:
-            if not params.greedy:
-                return f"{PENALTY_NOT_IN_LOGPROBS}: rounds follow it at temperature 0 only"
-            if not self.round_reads_cache:
-                return f"{PENALTY_NOT_IN_LOGPROBS}: rounds follow it over the prefix cache only"
-            return None
+            return penalty_problem(params, top_n, self.info)
         return exactness_problem(params, top_n, self.order)
 
     @property
@@ -151,8 +145,10 @@ class VLLMTarget:
     async def score(self, context: list[int], draft: Draft, plan: ScorePlan) -> Scores:
         """One /v1/completions call, its top-N folded with the draft into the sampler's support."""
         verification = await self.verify(context, list(draft.tokens), plan.top_n, plan.client_headers, plan.model,
-                                         repetition_penalty=plan.params.repetition_penalty)
-        return Scores(*support_from_top_n(verification, draft.tokens, draft.probs, plan.params, self.order),
+                                         params=plan.params)
+        # A sampled round's log-probs are the distribution vLLM samples from, which top_k N leaves as it is.
+        params = SamplingParams(1.0, top_k=plan.top_n) if samples_rounds(plan.params) else plan.params
+        return Scores(*support_from_top_n(verification, draft.tokens, draft.probs, params, self.order),
                       verification.positions)
 
     def logprobs_problem(self, params: SamplingParams, n: int, top_n: int) -> str | None:
@@ -160,21 +156,26 @@ class VLLMTarget:
         samples among the ids they hold. Under a repetition penalty a round keeps only vLLM's choices."""
         if params.repetition_penalty != 1.0:
             return "log-probs under a repetition penalty: rounds keep vLLM's penalised choices, not its log-probs"
+        if self.info is not None and self.info.processed_logprobs and not params.greedy:
+            return "the server answers processed log-probs (--logprobs-mode processed_logprobs), rounds raw ones"
         return logprobs_problem(params, n, top_n, sampled_within=True)
 
     async def verify(self, context: list[int], draft_tokens: list[int], top_n: int,
                      client_headers: dict[str, str] | None = None, model: str | None = None, *,
-                     repetition_penalty: float = 1.0) -> Verification:
+                     params: SamplingParams = GREEDY) -> Verification:
         """Score the drafts and get the bonus position: over the prefix cache where it is on, else in one prompt
-        log-probs call. Under a repetition penalty each position is vLLM's penalised greedy choice."""
+        log-probs call. Under a repetition penalty each position is vLLM's penalised greedy choice, or at T > 0 the
+        processed distribution it sampled from."""
         if top_n < 1:
             raise ValueError("top_n must be at least 1: the argmax comes from the top list")
-        penalised = repetition_penalty != 1.0
+        penalised, sampled = params.repetition_penalty != 1.0, samples_rounds(params)
         if penalised and not self.round_reads_cache:
             raise ValueError("prompt log-probs cannot follow a repetition penalty")
+        if sampled and not (self.info and self.info.processed_logprobs):
+            raise ValueError("raw log-probs cannot give a penalised distribution")
         body = {"model": model or await self.served_model(),  # the client's (a LoRA adapter verifies as itself)
-                "max_tokens": 1, **GREEDY_NEUTRAL, "repetition_penalty": repetition_penalty, "logprobs": top_n,
-                "return_tokens_as_token_ids": True, "return_token_ids": True}
+                "max_tokens": 1, **round_sampling(params), "logprobs": top_n, "return_tokens_as_token_ids": True,
+                "return_token_ids": True}
         if not self.round_reads_cache:
             body.update(prompt=context + list(draft_tokens), prompt_logprobs=top_n)
             answer = await self.upstream.post_json("/v1/completions", body, client_headers=client_headers)
@@ -185,7 +186,7 @@ class VLLMTarget:
         answer = await self._prefix_tokens(body, prompts, block or UNKNOWN_BLOCK, client_headers)
         self._warm.add(context)
         return self._saw(parse_prefix_tokens(answer, draft_tokens, top_n, vocab_size=self.vocab_size,
-                                             chosen_only=penalised))
+                                             chosen_only=penalised and not sampled))
 
     def _saw(self, verification: Verification) -> Verification:
         """The verification, its ends of generation noted before the round reads them."""

@@ -9,6 +9,12 @@
 - Sampling defaults: `vllm serve --enable-scale-out` serves /v1/completions/render, which answers the
   SamplingParams the server would use, its generation_config defaults applied to the fields a request omits
   (entrypoints/scale_out/render/serving.py, ModelConfig.get_diff_sampling_param).
+- Log-probs: vLLM answers raw ones (`--logprobs-mode raw_logprobs`, the default) or, with `processed_logprobs`,
+  those of the distribution it samples from: after penalties, temperature, min_p, top_k and top_p
+  (v1/sample/sampler.py, ops/topk_topp_sampler.py). Under top_k 1 a processed answer leaves one id at log-prob 0.
+- Reasoning: a server started with `--reasoning-parser` moves a chat answer's reasoning to `reasoning`, and counts
+  it in the answer's `usage.completion_tokens_details`, which it leaves null without a parser
+  (entrypoints/openai/chat_completion/serving.py); a one-token chat answer shows which.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 from proxy.errors import UpstreamError
 from proxy.targets.body_reading import read_body
 from proxy.targets.upstream import Upstream, UpstreamStatusError
+from proxy.targets.vllm_answers import CLAMPED_NEG_INF
 from proxy.wire.request import GenerationRequest
 
 # Fields vLLM fills from generation_config (ModelConfig.get_diff_sampling_param), at the values the proxy itself
@@ -37,6 +44,7 @@ MAX_METRICS_BYTES = 8 << 20
 CACHE_CONFIG = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.MULTILINE)
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 MAX_ALLOWED = re.compile(r"max allowed: (\d+)")
+PROCESSED_TOLERANCE = 1e-4  # log(1) in float32
 SCALE_OUT_HINT = "start vLLM with --enable-scale-out to learn them"
 
 
@@ -60,6 +68,8 @@ class VLLMInfo:
     # What the server applies to a request that names no sampling field (PROXY_DEFAULTS' keys); None: unknown.
     sampling_defaults: tuple[tuple[str, float], ...] | None = None
     defaults_source: str = "not probed"
+    reasoning: bool | None = None  # whether chat answers' reasoning is split off; None: unknown
+    processed_logprobs: bool = False  # whether answered log-probs are the sampled distribution's
 
     @property
     def rounds_read_cache(self) -> bool:
@@ -70,7 +80,14 @@ class VLLMInfo:
         """`speculoos check`'s rows: the server, the rounds' path and cost, the sampling defaults."""
         return [("vllm", f"{self.version}, model {self.model}, context {self.max_model_len}, "
                          f"--max-logprobs {self.max_logprobs}"),
-                ("rounds", self.rounds_line()), ("sampling defaults", self.defaults_line())]
+                ("rounds", self.rounds_line()), ("sampling defaults", self.defaults_line()),
+                ("log-probs", "processed (--logprobs-mode processed_logprobs): sampling under a repetition penalty "
+                              "is followed" if self.processed_logprobs else
+                              "raw: a repetition penalty is followed at temperature 0 only (--logprobs-mode "
+                              "processed_logprobs follows it at any temperature)"),
+                ("chat answers", {True: "a reasoning parser splits off their reasoning: chat requests pass through",
+                                  False: "no reasoning parser", None: "unknown: the chat endpoint did not answer"}[
+                                      self.reasoning])]
 
     def rounds_line(self) -> str:
         """The verification path and what a round costs the server."""
@@ -93,7 +110,7 @@ class VLLMInfo:
         if changed.keys() - set(FOLLOWED):
             return line + "requests that omit the penalties on generated ids pass through"
         if "repetition_penalty" in changed:
-            return line + "followed; a request left to the repetition penalty speculates at temperature 0 only"
+            return line + "followed (the repetition penalty as the log-probs row says)"
         return line + "followed"
 
 
@@ -162,6 +179,30 @@ async def sampling_defaults(upstream: Upstream, model: str) -> tuple[tuple[tuple
         return parse_sampling_defaults(rendered), RENDER_PATH
     except (KeyError, IndexError, TypeError, ValueError, AttributeError):
         return None, f"{RENDER_PATH} answered in an unknown shape"
+
+
+async def answers_processed_logprobs(upstream: Upstream, model: str) -> bool:
+    """Whether answered log-probs are those vLLM samples from: under top_k 1 only the kept id is finite, at 0."""
+    body = {"model": model, "prompt": [0], "max_tokens": 1, "temperature": 1.0, "top_k": 1, "top_p": 1.0,
+            "min_p": 0.0, "repetition_penalty": 1.0, "logprobs": 2}
+    try:
+        answer = await upstream.post_json("/v1/completions", body)
+        values = [float(value) for value in answer["choices"][0]["logprobs"]["top_logprobs"][0].values()]
+    except (UpstreamStatusError, KeyError, IndexError, TypeError, ValueError, AttributeError):
+        return False  # raw is what every round assumes unless shown otherwise
+    finite = [value for value in values if value > CLAMPED_NEG_INF]
+    return len(finite) == 1 and abs(finite[0]) < PROCESSED_TOLERANCE
+
+
+async def splits_reasoning(upstream: Upstream, model: str) -> bool | None:
+    """Whether chat answers have their reasoning split off, from a one-token answer's usage (None: no answer)."""
+    try:
+        answer = await upstream.post_json("/v1/chat/completions", {
+            "model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0})
+    except UpstreamStatusError:
+        return None  # no chat template, or no chat endpoint
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    return isinstance(usage, dict) and isinstance(usage.get("completion_tokens_details"), dict)
 
 
 async def prefix_cache(upstream: Upstream) -> PrefixCache | None:

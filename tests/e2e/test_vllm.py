@@ -120,7 +120,7 @@ async def test_probe_finds_version_model_and_the_logprobs_cap(target: VLLMTarget
     assert info.model == (await asyncio.to_thread(http.get, vllm_url + "/v1/models")).json()["data"][0]["id"]
     assert info.max_model_len > 0
     if "SPECULOOS_VLLM_URL" not in os.environ:
-        assert (info.model, info.max_logprobs) == (MODEL, DEFAULT_MAX_LOGPROBS)
+        assert (info.model, info.max_logprobs, info.reasoning) == (MODEL, DEFAULT_MAX_LOGPROBS, False)
     assert info.max_logprobs is not None
     # The cap is the real one: top_n at the cap is served, one more is refused.
     context, _ = await target.prompt_ids({"prompt": PROMPTS[0]}, COMPLETION)

@@ -4,7 +4,8 @@ output through the proxy, speculated.
 The model folder is SmolLM2-135M's with a stock Instruct model's generation_config (repetition_penalty 1.3,
 temperature 0.7, top_p 0.8, top_k 20), which vLLM applies to every field a request omits. At temperature 0 the
 penalty changes the text of a repetitive answer; rounds follow it through vLLM's own choice after each prefix. At
-T > 0 the proxy samples with the server's temperature and truncation.
+T > 0 the proxy samples with the server's temperature and truncation, and, the server being started with
+`--logprobs-mode processed_logprobs`, under its penalty from the distribution vLLM samples from.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from scipy.stats import chisquare
 
 from tests import support as http
 from tests.e2e.servers import SMOL, Process
-from tests.e2e.vllm_harness import MODEL, changed_model_folder, greedy, served_vllm, start_vllm_proxy
+from tests.e2e.vllm_harness import MODEL, changed_model_folder, served_vllm, start_vllm_proxy
 
 pytestmark = pytest.mark.vllm
 
@@ -28,13 +29,15 @@ REPETITIVE = [{"role": "user", "content": "Write the word 'apple' twenty times, 
 MAX_TOKENS = 40
 FORCED = {"X-Speculoos": "on"}  # rounds from the first token, whatever the controller would decide
 FIRST_TOKEN = [{"role": "user", "content": "Write one word that describes the ocean."}]
-FIRST_TOKEN_REQUESTS = 300
+# Its likeliest first answer token, "The" (0.77 at the defaults), is in the prompt: the penalty moves it out.
+PENALISED_FIRST_TOKEN = [{"role": "user", "content": "The ocean: write one word that describes it."}]
+FIRST_TOKEN_REQUESTS = 200
 
 
 @pytest.fixture(scope="module")
 def penalised_vllm(log_dir: Path) -> Iterator[str]:
     folder = changed_model_folder(log_dir / "smollm2-stock-defaults", {"generation_config.json": DEFAULTS})
-    with served_vllm(log_dir, MODEL, folder=folder) as url:
+    with served_vllm(log_dir, MODEL, "--logprobs-mode", "processed_logprobs", folder=folder) as url:
         yield url
 
 
@@ -78,37 +81,60 @@ def test_greedy_under_the_servers_penalty_is_vllms_own_text(penalised_vllm: str,
         assert last["speculoos"]["rounds"] >= 1 and last["speculoos"]["drafted"] > 0, last["speculoos"]
 
 
-def test_sampling_under_the_servers_penalty_passes_through(penalised_proxy: Process) -> None:
-    """Temperature 0.7 from the server's defaults, with its penalty: raw log-probs cannot give that distribution."""
-    _, mode, _ = chat(penalised_proxy.url, FORCED, temperature=None, seed=1)
-    assert mode == "passthrough"
-
-
 def test_the_first_token_follows_the_servers_temperature_and_truncation(penalised_vllm: str,
                                                                         penalised_proxy: Process) -> None:
     """A request that names only the neutral penalty is sampled at the server's temperature 0.7, top_k 20 and
     top_p 0.8 (vLLM's order: temperature, top-k, top-p), computed here from vLLM's raw top-20; the same samples
     are far from the distribution a request naming nothing would have without the server's defaults."""
-    prompt = http.post_json(penalised_vllm + "/tokenize", {"model": MODEL, "messages": FIRST_TOKEN,
-                                                           "add_generation_prompt": True}).json()["tokens"]
-    _, tops = greedy(penalised_vllm, prompt, 1, top_n=20)
-    ids = sorted(tops[0], key=lambda token: -tops[0][token])
-    raw = np.array([tops[0][token] for token in ids])
-    with_defaults, without = vllm_top_p(raw / 0.7, 0.8), np.exp(raw) / np.exp(raw).sum()
-    text_of = {token: http.post_json(penalised_vllm + "/detokenize",
-                                     {"model": MODEL, "tokens": [token]}).json()["prompt"] for token in ids}
-    seen: Counter = Counter()
-    for seed in range(FIRST_TOKEN_REQUESTS):
-        text, mode, _ = chat(penalised_proxy.url, FORCED, messages=FIRST_TOKEN, max_tokens=1, temperature=None,
-                             repetition_penalty=1.0, seed=seed)
-        assert mode == "speculative"
-        seen[text] += 1
-    assert set(seen) <= set(text_of.values()), seen
-    p_with, p_without = (chi_square(seen, dict(zip(ids, probs)), text_of) for probs in (with_defaults, without))
+    raw = first_token_distribution(penalised_vllm, FIRST_TOKEN, **UNPROCESSED)  # processed at T 1, untruncated: raw
+    ranked = sorted(raw, key=lambda text: -raw[text])
+    logits = np.log(np.array([raw[text] for text in ranked]))
+    with_defaults = dict(zip(ranked, vllm_top_p(logits / 0.7, 0.8), strict=True))
+    seen = first_tokens(penalised_proxy, FIRST_TOKEN, repetition_penalty=1.0)
+    p_with, p_without = chi_square(seen, with_defaults), chi_square(seen, raw)
     print(f"first token: chi-square p = {p_with:.4f} with the server's defaults, {p_without:.2e} without; "
           f"{seen.most_common(4)}")
     assert p_with > 1e-3
     assert p_without < 1e-3  # the control: the test tells the two apart
+
+
+def test_the_first_token_under_all_the_servers_defaults_is_sampled_as_vllm_samples_it(
+        penalised_vllm: str, penalised_proxy: Process) -> None:
+    """A request that names nothing gets repetition_penalty 1.3 with the rest: vLLM answers the distribution it
+    samples from (processed log-probs), and rounds sample from the same one, not from the unpenalised one."""
+    wanted = first_token_distribution(penalised_vllm, PENALISED_FIRST_TOKEN)
+    unpenalised = first_token_distribution(penalised_vllm, PENALISED_FIRST_TOKEN, repetition_penalty=1.0)
+    seen = first_tokens(penalised_proxy, PENALISED_FIRST_TOKEN)
+    p_with, p_without = chi_square(seen, wanted), chi_square(seen, unpenalised)
+    print(f"first token under the penalty: chi-square p = {p_with:.4f} against vLLM's own, {p_without:.2e} without "
+          f"the penalty; {seen.most_common(4)}")
+    assert p_with > 1e-3
+    assert p_without < 1e-3  # the control
+
+
+UNPROCESSED = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}
+
+
+def first_token_distribution(url: str, messages: list[dict], **fields: object) -> dict[str, float]:
+    """The first answer token's distribution by text, from vLLM's own top-20 log-probs for `fields`."""
+    reply = http.post_json(url + "/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 1,
+                                                          "logprobs": True, "top_logprobs": 20, **fields})
+    assert reply.status == 200, reply.body[:500]
+    distribution: Counter = Counter()
+    for entry in reply.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]:
+        distribution[entry["token"]] += float(np.exp(entry["logprob"]))
+    return dict(distribution)
+
+
+def first_tokens(proxy: Process, messages: list[dict], **fields: object) -> Counter:
+    """The first answer tokens of seeded requests through the proxy, each speculated, by text."""
+    seen: Counter = Counter()
+    for seed in range(FIRST_TOKEN_REQUESTS):
+        text, mode, _ = chat(proxy.url, FORCED, messages=messages, max_tokens=1, temperature=None, seed=seed,
+                             **fields)
+        assert mode == "speculative", proxy.log()[-2000:]
+        seen[text] += 1
+    return seen
 
 
 def vllm_top_p(logits: np.ndarray, top_p: float) -> np.ndarray:
@@ -121,12 +147,9 @@ def vllm_top_p(logits: np.ndarray, top_p: float) -> np.ndarray:
     return kept / kept.sum()
 
 
-def chi_square(seen: Counter, expected: dict[int, float], text_of: dict[int, str]) -> float:
-    """The p-value of the seen first tokens against `expected` (by token id), bins of at least 5 expected."""
+def chi_square(seen: Counter, by_text: dict[str, float]) -> float:
+    """The p-value of the seen first tokens against a distribution by text, bins of at least 5 expected."""
     total = sum(seen.values())
-    by_text: Counter = Counter()
-    for token, probability in expected.items():
-        by_text[text_of[token]] += probability
     bins = [text for text, probability in by_text.items() if probability * total >= 5]
     observed = [seen[text] for text in bins] + [total - sum(seen[text] for text in bins)]
     wanted = [by_text[text] * total for text in bins] + [total - sum(by_text[text] * total for text in bins)]

@@ -1,8 +1,11 @@
-"""A base model behind a real vLLM (`pytest -m vllm`): the answer ends where vLLM ends it, speculated or passed through.
+"""What a real vLLM decides about its own answers (`pytest -m vllm`): where they end, and whether chat answers have
+their reasoning split off; the proxy's answers follow, speculated or passed through.
 
 The model folder is SmolLM2-135M's with the ends of a base model: the tokenizer's EOS and the generation
 config's `eos_token_id` are `<|endoftext|>`, so vLLM goes on past `<|im_end|>`, where the draft's GGUF stops.
-A ChatML-shaped completion prompt makes the model write `<|im_end|>` and go on.
+A ChatML-shaped completion prompt makes the model write `<|im_end|>` and go on. The server is started with a
+reasoning parser (Granite's, the one that needs no special tokens), which never touches completions; chat requests
+pass through, since a parser may move any part of an answer to `reasoning`.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ def base_vllm(log_dir: Path) -> Iterator[str]:
     folder = changed_model_folder(log_dir / "smollm2-base-ends", {
         "config.json": {"eos_token_id": END_OF_TEXT}, "generation_config.json": {"eos_token_id": END_OF_TEXT},
         "tokenizer_config.json": {"eos_token": "<|endoftext|>"}})
-    with served_vllm(log_dir, MODEL, folder=folder) as url:
+    with served_vllm(log_dir, MODEL, "--reasoning-parser", "granite", folder=folder) as url:
         yield url
 
 
@@ -61,3 +64,14 @@ def test_the_answer_ends_where_vllm_ends_it(base_vllm: str, base_proxy: Process,
     expected, actual = direct["choices"][0], through["choices"][0]
     assert (actual["text"], actual["finish_reason"]) == (expected["text"], expected["finish_reason"])
     assert through["usage"]["completion_tokens"] == direct["usage"]["completion_tokens"]
+
+
+def test_chat_answers_pass_through_where_vllm_parses_their_reasoning(base_vllm: str, base_proxy: Process) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "What is 2+2?"}], "max_tokens": 8,
+            "temperature": 0}
+    direct = http.post_json(base_vllm + "/v1/chat/completions", body)
+    assert direct.json()["usage"]["completion_tokens_details"] is not None  # the premise: it counts reasoning
+    through = http.post_json(base_proxy.url + "/v1/chat/completions", body, {"X-Speculoos": "on"})
+    assert through.headers.get("x-speculoos-mode") == "passthrough", base_proxy.log()[-3000:]
+    assert "the server parts reasoning from chat answers" in base_proxy.log()
+    assert through.json()["choices"][0]["message"] == direct.json()["choices"][0]["message"]

@@ -13,7 +13,9 @@ the kind of request. `toy_vllm_app` serves a toy model, read from vLLM's sources
   at least as high) then the top k (ranks 1..k); a token in both appears once.
 - `logprobs: k` -> `choices[0].logprobs` `{text_offset, token_logprobs, tokens, top_logprobs}`, each
   top dict the sampled token then the top k (keys `token_id:<id>` with `return_tokens_as_token_ids`).
-- Log-probs are raw (the default `--logprobs-mode raw_logprobs`) and -inf is written as -9999.0; k
+- Log-probs are raw (the default `--logprobs-mode raw_logprobs`), or with `PROCESSED` those of the distribution
+  sampled from (v1/sample/sampler.py: after the penalty; then, unless greedy, temperature and truncation); -inf
+  is written as -9999.0; k
   above `--max-logprobs` (20 by default) is refused with vLLM's "greater than max allowed" message.
 - `return_token_ids` adds `prompt_token_ids` and `token_ids` (the end token included).
 - Generation ends at the ids in `ENDS` (the toy's end token by default) unless `ignore_eos`, checked before the
@@ -52,6 +54,7 @@ VERSION = "0.32.0"
 SEEN = web.AppKey("seen", list)  # ("POST /v1/completions", body) per request
 MODEL = web.AppKey("model", ToyModel)
 ENDS = web.AppKey("ends", frozenset)  # the ids generation ends at, when not the toy's end token alone
+PROCESSED = web.AppKey("processed_logprobs", bool)  # started with --logprobs-mode processed_logprobs
 CAPTURED = web.AppKey("captured", dict)  # the replayed bodies by kind
 
 
@@ -206,9 +209,14 @@ def completion(app: web.Application, body: dict[str, Any]) -> dict[str, Any]:
     rng = np.random.default_rng(body.get("seed"))
     output, rows, context, finish, stop_reason = [], [], list(ids), "length", None
     for _ in range(max_tokens):
-        logprobs = model.log_softmax(context)  # raw: before the penalty, as vLLM's default logprobs_mode
         logits = penalised(model.logits(context), context, params.repetition_penalty)
-        token = int(np.argmax(logits)) if params.greedy else sample(processed_probs(logits, params, VLLM_ORDER), rng)
+        probs = None if params.greedy else processed_probs(logits, params, VLLM_ORDER)
+        token = int(np.argmax(logits)) if probs is None else sample(probs, rng)
+        logprobs = model.log_softmax(context)  # raw: before the penalty, as vLLM's default logprobs_mode
+        if app.get(PROCESSED, False):
+            with np.errstate(divide="ignore"):
+                logprobs = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum()) if probs is None \
+                    else np.log(probs)
         output.append(token)
         rows.append(_ranked(logprobs, token, int(body.get("logprobs") or 0)))
         context.append(token)

@@ -6,6 +6,9 @@ what the proxy reads from such a server, in the shapes captured from a real one 
   server would use, its generation_config defaults (`sampling_defaults`) filling the fields the request omits
   (entrypoints/scale_out/render/serving.py); msgspec leaves out fields at vLLM's own defaults.
 - `GET /metrics`: the `vllm:cache_config_info` line, with `enable_prefix_caching` and `block_size`.
+- `POST /v1/chat/completions` (non-streaming): the toy's answer to the conversation, whose `usage` has
+  `completion_tokens_details` (reasoning tokens) only on a server started with a reasoning parser
+  (entrypoints/openai/chat_completion/serving.py).
 The toy generation applies the repetition penalty as vllm.py does; presence and frequency penalties it ignores.
 """
 
@@ -16,10 +19,12 @@ from typing import Any
 from aiohttp import web
 
 from tests.fakes import vllm
+from tests.fakes.sglang import toy_chat_ids
 from tests.fakes.toy_model import ToyModel, ToyVocabulary
 
 DEFAULTS = web.AppKey("defaults", dict)  # the server's generation_config sampling defaults
 PREFIX_CACHE = web.AppKey("prefix_cache", tuple)  # (enabled, block size)
+REASONING = web.AppKey("reasoning_parser", bool)  # started with --reasoning-parser
 VLLM_DEFAULTS = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "temperature": 1.0,
                  "top_p": 1.0, "top_k": 0, "min_p": 0.0}
 OMITTED_AT_DEFAULT = ("top_p", "top_k", "min_p")  # fields the captured render leaves out at vLLM's defaults
@@ -62,6 +67,22 @@ async def render(request: web.Request) -> web.Response:
                                "model": body.get("model"), "output_mode": "tokens", "stream": False}])
 
 
+async def chat_completions(request: web.Request) -> web.Response:
+    """/v1/chat/completions: the toy's answer to the rendered conversation, reasoning counted where parsed."""
+    body = await request.json()
+    request.app[vllm.SEEN].append(("POST /v1/chat/completions", body))
+    ids = toy_chat_ids(body["messages"], True)
+    answer = vllm.completion(request.app, _with_defaults(request.app, {**body, "prompt": ids}))
+    choice = answer["choices"][0]
+    usage = {**answer["usage"],
+             "completion_tokens_details": {"reasoning_tokens": 0} if request.app[REASONING] else None}
+    message = {"role": "assistant", "content": choice["text"], "reasoning": None}
+    return web.json_response({"id": "chatcmpl-fake", "object": "chat.completion", "created": 0,
+                              "model": answer["model"], "usage": usage,
+                              "choices": [{"index": 0, "message": message, "finish_reason": choice["finish_reason"],
+                                           "stop_reason": choice["stop_reason"]}]})
+
+
 async def metrics(request: web.Request) -> web.Response:
     """/metrics: the cache configuration line."""
     enabled, block = request.app[PREFIX_CACHE]
@@ -71,12 +92,16 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def scale_out_vllm_app(model: ToyModel, *, sampling_defaults: dict[str, float] | None = None,
-                       prefix_caching: bool = True, block_size: int = 128) -> web.Application:
-    """A toy vLLM with the scale-out endpoints, its generation_config's `sampling_defaults` and its prefix cache."""
+                       prefix_caching: bool = True, block_size: int = 128,
+                       reasoning_parser: bool = False, processed_logprobs: bool = False) -> web.Application:
+    """A toy vLLM with the scale-out endpoints, its generation_config's `sampling_defaults`, its prefix cache,
+    whether it has a reasoning parser and whether it answers processed log-probs."""
     app = web.Application()
     app[vllm.SEEN], app[vllm.ADAPTERS], app[vllm.MODEL] = [], (), model
     app[DEFAULTS], app[PREFIX_CACHE] = dict(sampling_defaults or {}), (prefix_caching, block_size)
+    app[REASONING], app[vllm.PROCESSED] = reasoning_parser, processed_logprobs
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions/render", render)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/tokenize", vllm.tokenize)

@@ -24,6 +24,7 @@ O_CONTEXT = VLLMInfo("0.32.0", "m", 4096, 20, PrefixCache(False, 128))  # rounds
 QWEN = VLLMInfo("0.32.0", "m", 4096, 20, PrefixCache(True, 128), (
     ("temperature", 0.7), ("top_p", 0.8), ("top_k", 20.0), ("min_p", 0.0), ("repetition_penalty", 1.05),
     ("presence_penalty", 0.0), ("frequency_penalty", 0.0)), "/v1/completions/render")
+PROCESSED = replace(QWEN, processed_logprobs=True)  # started with --logprobs-mode processed_logprobs
 GREEDY_CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
 
 
@@ -85,6 +86,11 @@ PENALISED = "cannot be exact: the server applies repetition_penalty after the ra
     (QWEN, {**GREEDY_CHAT, "temperature": 0.7, "repetition_penalty": 1}, None),  # top_p 0.8, top_k 20 followed
     (QWEN, {**GREEDY_CHAT, "temperature": None}, f"{PENALISED}: rounds follow it at temperature 0 only"),
     (QWEN, {**GREEDY_CHAT, "temperature": 0.7}, f"{PENALISED}: rounds follow it at temperature 0 only"),
+    (PROCESSED, {**GREEDY_CHAT, "temperature": None}, None),  # vLLM answers the distribution it samples from
+    (PROCESSED, {**GREEDY_CHAT, "temperature": None, "top_k": 50},
+     "cannot be exact: a penalised distribution is known whole from the top 20 only with top_k in 1..20"),
+    (PROCESSED, {**GREEDY_CHAT, "temperature": 0.7, "repetition_penalty": 1, "logprobs": True},
+     "the server answers processed log-probs"),
     (QWEN, {**GREEDY_CHAT, "logprobs": True}, "log-probs under a repetition penalty"),
     (replace(QWEN, prefix_cache=PrefixCache(False, 128)), GREEDY_CHAT,
      f"{PENALISED}: rounds follow it over the prefix cache only"),

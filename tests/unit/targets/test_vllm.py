@@ -15,9 +15,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from proxy.errors import UpstreamUnavailableError
 from proxy.sampling.processors import SamplerOrder, SamplingParams
 from proxy.targets.upstream import Timeouts, Upstream, UpstreamStatusError
-from proxy.targets.vllm import GREEDY_NEUTRAL, NEUTRAL_PENALTIES, VLLMTarget
+from proxy.targets.vllm import VLLMTarget
 from proxy.targets.vllm_answers import parse_verification
 from proxy.targets.vllm_probe import VLLMInfo
+from proxy.targets.vllm_sampling import GREEDY_NEUTRAL, NEUTRAL_PENALTIES
 from proxy.wire.request import CHAT, COMPLETION
 from tests.fakes.toy_model import ToyModel
 from tests.fakes.vllm import SEEN, replay_vllm_app, toy_vllm_app

@@ -19,7 +19,7 @@ from proxy.errors import UpstreamUnavailableError
 from proxy.sampling.processors import SamplingParams
 from proxy.server.cli import check_report
 from proxy.targets.upstream import Timeouts, Upstream
-from proxy.targets.vllm import NEUTRAL_PENALTIES, VLLMTarget
+from proxy.targets.vllm import VLLMTarget
 from proxy.targets.vllm_answers import parse_prefix_tokens
 from proxy.targets.vllm_probe import (
     PrefixCache,
@@ -28,6 +28,8 @@ from proxy.targets.vllm_probe import (
     parse_prefix_cache,
     parse_sampling_defaults,
 )
+from proxy.targets.vllm_sampling import NEUTRAL_PENALTIES
+from proxy.wire.request import CHAT, COMPLETION, parse_generation_request
 from tests.fakes.drafter import ToyDrafter
 from tests.fakes.toy_model import ToyModel
 from tests.fakes.vllm import SEEN
@@ -124,6 +126,17 @@ async def test_probe_finds_the_prefix_cache_and_the_servers_defaults() -> None:
     assert "repetition_penalty 1.05" in rows["sampling defaults"]
 
 
+@pytest.mark.parametrize("parser", [True, False])
+async def test_probe_finds_whether_chat_answers_have_their_reasoning_split_off(parser: bool) -> None:
+    async with scale_out_vllm(reasoning_parser=parser) as (target, _):
+        assert target.info is not None and target.info.reasoning is parser
+        chat = parse_generation_request({"model": "toy", "messages": [{"role": "user", "content": "hi"}]}, CHAT)
+        completion = parse_generation_request({"model": "toy", "prompt": [5, 6]}, COMPLETION)
+        assert (target.answer_problem(chat) is not None) is parser
+        assert target.answer_problem(completion) is None  # completions are never parsed for reasoning
+        assert dict(target.info.lines())["chat answers"].startswith("a reasoning parser" if parser else "no ")
+
+
 async def test_without_the_prefix_cache_rounds_re_prefill_and_check_names_the_flags() -> None:
     async with scale_out_vllm(prefix_caching=False) as (target, seen):
         verification = await target.verify(TOY_CONTEXT, TOY_DRAFTS, 2)
@@ -193,3 +206,5 @@ async def test_check_says_which_path_a_route_takes_and_its_cost(tmp_path: Path, 
     assert failures == 0, lines
     assert found["rounds"].endswith(rounds) or rounds in found["rounds"], found["rounds"]
     assert found["sampling defaults"].startswith("temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.05")
+    assert found["log-probs"].startswith("raw: a repetition penalty is followed at temperature 0 only")
+    assert found["chat answers"] == "no reasoning parser"
