@@ -12,6 +12,7 @@ from proxy.bench import (
     anchor,
     at_once,
     compare,
+    context_rounds,
     cost_curve,
     drafts,
     first_request,
@@ -50,5 +51,5 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
     _run_arguments(sub.add_parser(
         "run", help="the proxy against its upstream, every mode interleaved (the default)",
         description=compare.__doc__.split("\n\n")[0] if compare.__doc__ else None))
-    for module in (drafts, two_device, first_request, cost_curve, anchor, at_once, peers, overhead):
+    for module in (drafts, two_device, first_request, cost_curve, context_rounds, anchor, at_once, peers, overhead):
         module.add_cli(sub)

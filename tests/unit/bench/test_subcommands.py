@@ -44,6 +44,10 @@ def test_run_is_the_flat_command() -> None:
 @pytest.mark.parametrize(("argv", "message"), [
     (("cost-curve", "--url", "http://127.0.0.1:{port}"), "speculoos bench cost-curve: request to http://127.0.0.1:"),
     (("cost-curve", "--ks", "1,x"), "speculoos bench cost-curve: --ks: invalid literal"),
+    (("context-rounds", "--model", "m", "--proxy", "http://127.0.0.1:{port}"),
+     "speculoos bench context-rounds: request to http://127.0.0.1:"),
+    (("context-rounds", "--model", "m", "--k", "0"),
+     "speculoos bench context-rounds: --contexts, --k, --requests and --max-tokens must be positive"),
     (("two-device", "--rtts", "-5"), "speculoos bench two-device: --rtts: give round trips of 0 ms or more"),
     (("two-device", "--modes", "k=0"), "speculoos bench two-device: --modes: bad mode 'k=0'"),
     (("first-request", "--repeat", "0"), "speculoos bench first-request: --repeat and --max-tokens must be positive"),

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from aiohttp.test_utils import TestServer
 
 from proxy.control.policy import PinnedPolicy
 from proxy.decode.events import Publisher
@@ -21,13 +20,14 @@ from proxy.decode.session import RequestRandom, Session
 from proxy.targets.base import Target
 from proxy.targets.sglang import SGLangTarget
 from proxy.targets.stopping import EndEvidence, StopSet
-from proxy.targets.upstream import Timeouts, Upstream
+from proxy.targets.upstream import Upstream
 from proxy.targets.vllm import VLLMTarget
 from tests.fakes import sglang_generate, vllm
 from tests.fakes.sglang import fake_sglang_app
 from tests.fakes.toy_model import END, ToyModel
 from tests.fakes.vllm_scale_out import scale_out_vllm_app
 from tests.unit.decode.harness import GREEDY, PROMPT, TOP_N, SwitchAfter, follow
+from tests.unit.targets.serving import serving
 
 MAX_TOKENS = 40
 # A fake server, its key of the ids it ends at, and the client.
@@ -51,16 +51,9 @@ async def ending_at(model: ToyModel, ends: frozenset[int], name: str) -> AsyncIt
     app, key, client = SERVERS[name]
     served = app(model)
     served[key] = ends
-    server = TestServer(served)
-    await server.start_server()
-    upstream = Upstream(str(server.make_url("")), Timeouts(1.0, 5.0, 5.0))
-    try:
-        target = client(upstream)
+    async with serving(served, client) as target:
         await target.probe()
         yield target
-    finally:
-        await upstream.close()
-        await server.close()
 
 
 async def generate(model: ToyModel, target: Target, policy: PinnedPolicy, *, learn: bool = True) -> list[int]:

@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 
 import numpy as np
 import pytest
-from aiohttp.test_utils import TestServer
 
 from proxy.control.policy import PinnedPolicy
 from proxy.decode.events import Publisher
@@ -20,12 +19,12 @@ from proxy.sampling.draft_rows import DraftRows
 from proxy.sampling.processors import SamplerOrder, SamplingParams, processed_probs
 from proxy.targets.base import ScorePlan
 from proxy.targets.stopping import StopSet
-from proxy.targets.upstream import Timeouts, Upstream
 from proxy.targets.vllm import VLLMTarget
 from tests.fakes.toy_model import END, ToyModel
 from tests.fakes.vllm import SEEN, penalised
 from tests.fakes.vllm_scale_out import scale_out_vllm_app
 from tests.unit.decode.harness import PROMPT, TOP_N, SwitchAfter, follow
+from tests.unit.targets.serving import serving
 
 MAX_TOKENS = 24
 PENALTY = 1.3
@@ -42,17 +41,10 @@ def penalised_greedy(model: ToyModel, penalty: float) -> list[int]:
 @asynccontextmanager
 async def prefix_cache_vllm(model: ToyModel, **options: bool) -> AsyncIterator[tuple[VLLMTarget, list]]:
     app = scale_out_vllm_app(model, **options)
-    server = TestServer(app)
-    await server.start_server()
-    upstream = Upstream(str(server.make_url("")), Timeouts(1.0, 5.0, 5.0))
-    try:
-        target = VLLMTarget(upstream)
+    async with serving(app, VLLMTarget) as target:
         await target.probe()
         app[SEEN].clear()
         yield target, app[SEEN]
-    finally:
-        await upstream.close()
-        await server.close()
 
 
 async def generate(model: ToyModel, target: VLLMTarget, policy: PinnedPolicy, penalty: float) -> list[int]:

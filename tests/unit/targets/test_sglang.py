@@ -14,7 +14,7 @@ from proxy.targets.base import ScorePlan
 from proxy.targets.upstream import UpstreamStatusError
 from tests.fakes.sglang import MIDDLE, OLDEST, SEEN, SGLANG_ORDER, Release, fake_sglang_app
 from tests.fakes.toy_model import END, VOCAB, ToyModel
-from tests.unit.targets.sglang_serving import serving
+from tests.unit.targets.serving import serving
 
 PROMPT = [3, 5, 7, 11]
 TOP_N = 5

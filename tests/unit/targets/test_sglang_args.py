@@ -10,17 +10,16 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestServer
 
 from proxy.admission import RouteSnapshot, passthrough_reason
 from proxy.config.speculation import SpeculationConfig
 from proxy.targets.sglang import SGLangTarget
 from proxy.targets.sglang_args import ServerArgs
-from proxy.targets.upstream import Timeouts, Upstream
 from proxy.wire.control import RequestControl
 from proxy.wire.request import CHAT, COMPLETION, parse_generation_request
 from tests.fakes.sglang import SERVED_NAME, fake_sglang_app
 from tests.fakes.toy_model import ToyModel
+from tests.unit.targets.serving import serving
 
 # The arguments of a stock `python -m sglang.launch_server --reasoning-parser deepseek-r1`, as server_info lists them.
 STOCK = {"reasoning_parser": "deepseek-r1", "tool_call_parser": None, "sampling_defaults": "model",
@@ -32,16 +31,9 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
 
 @asynccontextmanager
 async def probed(**server_args: Any) -> AsyncIterator[SGLangTarget]:
-    server = TestServer(fake_sglang_app(ToyModel(), **server_args))
-    await server.start_server()
-    upstream = Upstream(str(server.make_url("")), Timeouts(1.0, 5.0, 5.0))
-    try:
-        target = SGLangTarget(upstream)
+    async with serving(fake_sglang_app(ToyModel(), **server_args)) as target:
         await target.probe()
         yield target
-    finally:
-        await upstream.close()
-        await server.close()
 
 
 def reason(target: SGLangTarget, body: dict[str, Any], kind: str = CHAT) -> str | None:

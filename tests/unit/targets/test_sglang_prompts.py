@@ -14,7 +14,7 @@ from proxy.targets.sglang_probe import ChatPrompts
 from proxy.wire.request import CHAT, COMPLETION, parse_generation_request
 from tests.fakes.sglang import CONTEXT_SIZE, MIDDLE, OLDEST, ROLE_IDS, SEEN, Release, fake_sglang_app, toy_chat_ids
 from tests.fakes.toy_model import ToyModel, ToyVocabulary
-from tests.unit.targets.sglang_serving import serving, verifier_info_app
+from tests.unit.targets.serving import serving, verifier_info_app
 
 TOP_N = 5
 PLACEHOLDER = int(1e30)  # HF's model_max_length when a tokenizer names no limit

@@ -18,7 +18,6 @@ from proxy.config.load import parse_config
 from proxy.errors import UpstreamUnavailableError
 from proxy.sampling.processors import SamplingParams
 from proxy.server.cli import check_report
-from proxy.targets.upstream import Timeouts, Upstream
 from proxy.targets.vllm import VLLMTarget
 from proxy.targets.vllm_answers import parse_prefix_tokens
 from proxy.targets.vllm_probe import (
@@ -34,6 +33,7 @@ from tests.fakes.drafter import ToyDrafter
 from tests.fakes.toy_model import ToyModel
 from tests.fakes.vllm import SEEN
 from tests.fakes.vllm_scale_out import scale_out_vllm_app
+from tests.unit.targets.serving import serving
 from tests.unit.targets.test_vllm import shape
 
 CAPTURED = json.loads((Path(__file__).parent / "data" / "vllm_scale_out_smollm2.json").read_text())
@@ -102,17 +102,10 @@ def test_only_defaults_on_generated_ids_cannot_be_followed(server: dict[str, flo
 @asynccontextmanager
 async def scale_out_vllm(**options: Any) -> AsyncIterator[tuple[VLLMTarget, list]]:
     app = scale_out_vllm_app(ToyModel(), **options)
-    server = TestServer(app)
-    await server.start_server()
-    upstream = Upstream(str(server.make_url("")), Timeouts(connect=2, first_byte=5, idle=5))
-    try:
-        target = VLLMTarget(upstream)
+    async with serving(app, VLLMTarget) as target:
         await target.probe()
         app[SEEN].clear()
         yield target, app[SEEN]
-    finally:
-        await upstream.close()
-        await server.close()
 
 
 async def test_probe_finds_the_prefix_cache_and_the_servers_defaults() -> None:

@@ -1,9 +1,10 @@
-"""Helpers of the SGLang client tests: a fake on a loopback port with an SGLangTarget talking to it."""
+"""Helpers of the target client tests: a fake on a loopback port with a client talking to it."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -13,15 +14,18 @@ from proxy.targets.upstream import Timeouts, Upstream
 from tests.fakes.sglang import CONTEXT_SIZE
 from tests.fakes.toy_model import END, VOCAB
 
+Client = TypeVar("Client")
+
 
 @asynccontextmanager
-async def serving(app: web.Application) -> AsyncIterator[SGLangTarget]:
-    """The app on a loopback port and an SGLangTarget talking to it."""
+async def serving(app: web.Application,
+                  client: Callable[[Upstream], Client] = SGLangTarget) -> AsyncIterator[Client]:  # type: ignore[assignment]
+    """The app on a loopback port and a client (an SGLangTarget unless named) talking to it, not probed yet."""
     server = TestServer(app)
     await server.start_server()
     upstream = Upstream(str(server.make_url("")), Timeouts(1.0, 5.0, 5.0))
     try:
-        yield SGLangTarget(upstream)
+        yield client(upstream)
     finally:
         await upstream.close()
         await server.close()
