@@ -46,8 +46,8 @@ def passthrough_reason(route: RouteSnapshot, request: GenerationRequest, control
         return "parameters only the upstream can honour: " + ", ".join(upstream_only)
     if (prompt := route.target.prompt_problem(request)) is not None:
         return f"cannot tokenize: {prompt}"
-    if (answered := route.target.answer_problem(request)) is not None:
-        return f"server: {answered}"
+    if (server := route.target.answer_problem(request)) is not None:
+        return f"server: {server}"
     params, spec = request.sampling_params, route.speculation
     problem = route.target.exactness_problem(params, spec.top_logprobs)
     if problem is not None and spec.sampling == "exact":

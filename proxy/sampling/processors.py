@@ -64,8 +64,8 @@ class SamplingParams:
     top_k: int = 0  # 0 or -1 = off
     top_p: float = 1.0  # 1 = off
     min_p: float = 0.0  # 0 = off
-    # Applied by the server to the logits of every id in the prompt or output (vLLM's `repetition_penalty`): never
-    # in its raw log-probs, so rounds follow it only through the server's own greedy choices.
+    # Applied by the server to the logits of every id in the prompt or output (vLLM's `repetition_penalty`), never in
+    # its raw log-probs: rounds follow it through the server's own choices, or the distribution it says it samples.
     repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
