@@ -60,9 +60,8 @@ class ServerArgs:
             return f"the server parts reasoning from the answer (--reasoning-parser {self.reasoning_parser})"
         if request.kind == CHAT and parses_tool_calls(request.body) and self.published and not self.tool_call_parser:
             return "the server parses no tool calls (no --tool-call-parser): they stay in its text"
-        greedy = request.body.get("temperature") == 0
         omitted = [name for name in MODEL_DEFAULTED
-                   if request.body.get(name) is None and not (greedy and name in TRUNCATIONS)]
+                   if request.body.get(name) is None and not (request.greedy and name in TRUNCATIONS)]
         if self.sampling_defaults == "model" and omitted:
             return (f"the server fills {', '.join(omitted)} from the model's generation_config, which it does not "
                     "publish (--sampling-defaults model): name them, or start SGLang with --sampling-defaults openai")

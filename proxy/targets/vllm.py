@@ -33,7 +33,7 @@ from proxy.targets.vllm_probe import (
     splits_reasoning,
     with_server_defaults,
 )
-from proxy.targets.vllm_sampling import GREEDY, NEUTRAL_PENALTIES, penalty_problem, round_sampling, samples_rounds
+from proxy.targets.vllm_sampling import GREEDY, penalty_problem, request_sampling, round_sampling, samples_rounds
 from proxy.targets.warm_prefixes import WarmPrefixes
 from proxy.wire.request import CHAT, GenerationRequest
 
@@ -244,12 +244,7 @@ class VLLMTarget:
             "model": model or await self.served_model(),  # the client's (a LoRA adapter verifies as itself)
             "prompt": context,
             "max_tokens": max_new_tokens,
-            "temperature": params.temperature,
-            "top_k": params.top_k or -1,
-            "top_p": params.top_p,
-            "min_p": params.min_p,
-            "repetition_penalty": params.repetition_penalty,
-            **NEUTRAL_PENALTIES,
+            **request_sampling(params),
             "seed": seed,
             "return_token_ids": True,
         }

@@ -27,11 +27,18 @@ def samples_rounds(params: SamplingParams) -> bool:
     return params.repetition_penalty != 1.0 and not params.greedy
 
 
+def request_sampling(params: SamplingParams) -> dict[str, float]:
+    """The sampling fields of a call vLLM samples as the request does (a plain chunk, a sampled round)."""
+    return {"temperature": params.temperature, "top_k": params.top_k or -1, "top_p": params.top_p,
+            "min_p": params.min_p, "repetition_penalty": params.repetition_penalty, **NEUTRAL_PENALTIES}
+
+
 def round_sampling(params: SamplingParams) -> dict[str, float]:
-    """The sampling fields of a round's request: greedy, or the request's own where rounds sample."""
-    sampled = {"temperature": params.temperature, "top_k": params.top_k or -1, "top_p": params.top_p,
-               "min_p": params.min_p} if samples_rounds(params) else {}
-    return {**GREEDY_NEUTRAL, **sampled, "repetition_penalty": params.repetition_penalty}
+    """The sampling fields of a round's request: greedy under the request's penalty, or the request's own where
+    rounds sample."""
+    if samples_rounds(params):
+        return request_sampling(params)
+    return {**GREEDY_NEUTRAL, "repetition_penalty": params.repetition_penalty}
 
 
 def penalty_problem(params: SamplingParams, top_n: int, info: VLLMInfo | None) -> str | None:
