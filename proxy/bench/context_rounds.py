@@ -39,6 +39,33 @@ class ContextRounds:
     tokens_per_round: float | None
 
 
+@dataclass(frozen=True)
+class SpeculatedAnswer:
+    """What one speculated answer says of its rounds."""
+
+    prompt_tokens: int
+    rounds: int
+    verify_ms: float
+    drafted: int
+    accepted: int
+    round_tokens: int  # completion tokens the rounds emitted (plain chunks' left out)
+
+    @classmethod
+    def read(cls, answer: dict, target: int) -> SpeculatedAnswer:
+        """The answer's figures, or a BenchError that says what is missing."""
+        extension = answer.get("speculoos") if isinstance(answer, dict) else None
+        if not isinstance(extension, dict) or not extension.get("rounds"):
+            raise BenchError(f"no rounds at {target} tokens: was the request speculated? {extension}")
+        try:
+            usage = answer["usage"]
+            return cls(int(usage["prompt_tokens"]), int(extension["rounds"]), float(extension["verify_ms"]),
+                       int(extension["drafted"]), int(extension["accepted"]),
+                       int(usage["completion_tokens"]) - int(extension.get("plain_tokens", 0)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BenchError(f"the proxy's answer at {target} tokens lacks its usage or round figures "
+                             f"({type(exc).__name__}: {exc})") from exc
+
+
 def prompt(lines: int, request: int) -> str:
     """A completion prompt of `lines` numbered lines, its first line naming the request (no two share a prefix)."""
     body = "\n".join(f"line {i}: total_{i} = combine(total_{i - 1}, weight={i % 11}, offset={3 * i})"
@@ -66,15 +93,12 @@ async def measure(url: str, model: str, contexts: list[int], k: int, max_tokens:
             for request in range(requests):
                 text = prompt(lines, request_base * requests + request)
                 await _complete(session, url, model, text, 1, PASS)  # the server holds the prompt
-                answer = await _complete(session, url, model, text, max_tokens, {"k": k})
-                extension = answer.get("speculoos") or {}
-                if not extension.get("rounds"):
-                    raise BenchError(f"no rounds at {target} tokens: was the request speculated? {extension}")
-                counted.append(int(answer["usage"]["prompt_tokens"]))
-                means.append(extension["verify_ms"] / extension["rounds"])
-                rounds += extension["rounds"]
-                drafted, accepted = drafted + extension["drafted"], accepted + extension["accepted"]
-                emitted += int(answer["usage"]["completion_tokens"]) - extension.get("plain_tokens", 0)
+                answer = SpeculatedAnswer.read(await _complete(session, url, model, text, max_tokens, {"k": k}), target)
+                counted.append(answer.prompt_tokens)
+                means.append(answer.verify_ms / answer.rounds)
+                rounds += answer.rounds
+                drafted, accepted = drafted + answer.drafted, accepted + answer.accepted
+                emitted += answer.round_tokens
             results.append(ContextRounds(target, tuple(counted), rounds, statistics.median(means),
                                          accepted / drafted if drafted else None, emitted / rounds))
     return results

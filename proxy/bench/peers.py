@@ -65,7 +65,7 @@ __all__ = ["LLAMA", "LLAMA_DRAFT", "LLAMA_SPEC", "SHARED", "SPECULOOS", "TWO_DEV
            "Setting", "add_cli", "llama_server_binary", "llama_server_command", "measure", "parse_numbers",
            "parse_peers", "plan", "run", "serving", "settings", "speculoos_routes"]
 
-DEFAULT_WORKLOADS = "code_editing,code_completion,open_chat"
+DEFAULT_WORKLOADS = "code_editing,code_rewrite,code_completion,open_chat"
 METRICS_SETTLE_S = (0.0, 0.02, 0.05, 0.1, 0.2, 0.5)  # llama-server counts a request's rounds as its slot is freed
 
 

@@ -67,6 +67,14 @@ def token_ids(ids: Iterable[object], vocab_size: int | None, what: str) -> list[
     return checked
 
 
+def generated_ids(ids: Iterable[object], vocab_size: int | None, most: int, what: str) -> list[int]:
+    """A plain answer's generated ids: token ids, no more than the `most` asked for."""
+    checked = token_ids(ids, vocab_size, what)
+    if len(checked) > most:
+        raise fail(f"{what} has {len(checked)} tokens where at most {most} were asked for")
+    return checked
+
+
 def token_id(token: object, vocab_size: int | None, what: str) -> int:
     """One id, inside the vocabulary."""
     return token_ids([token], vocab_size, what)[0]

@@ -256,12 +256,9 @@ class VLLMTarget:
         """The generated ids, checked; vLLM now holds the context and them in its prefix cache."""
         try:
             choice = answer["choices"][0]
-            tokens = checks.token_ids(choice["token_ids"], self.vocab_size, "a plain completion")
+            tokens = checks.generated_ids(choice["token_ids"], self.vocab_size, max_new_tokens, "a plain completion")
         except checks.MALFORMED as exc:
             raise UpstreamUnavailableError("upstream sent a malformed /v1/completions answer") from exc
-        if len(tokens) > max_new_tokens:
-            raise checks.fail(f"a plain completion has {len(tokens)} tokens where at most {max_new_tokens} were "
-                              "asked for")
         self.ends_seen.saw_answer(tokens, ending(choice, tokens[-1]) if tokens else None)
         self._warm.add(context + tokens)
         return tokens

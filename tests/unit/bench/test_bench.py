@@ -245,7 +245,8 @@ def test_chart_writes_a_png(tmp_path: Path) -> None:
 
 # -- workloads ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["code_completion", "code_editing", "extraction", "open_chat", "creative"])
+@pytest.mark.parametrize("name", ["code_completion", "code_editing", "code_rewrite", "extraction", "open_chat",
+                                  "creative"])
 def test_shipped_workloads(name: str) -> None:
     workload = load(name)
     assert name in builtin_names() and len(workload.prompts) >= MIN_PROMPTS

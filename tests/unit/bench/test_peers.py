@@ -81,7 +81,7 @@ def test_peers_is_a_sub_command_and_the_flat_usage_stays() -> None:
     assert args.run is peers.run and args.prompts == 2 and args.max_tokens == 128
     chosen = peers.plan(args)
     assert [p.kind for p in chosen.peers] == [LLAMA, LLAMA_DRAFT, LLAMA_SPEC, VERIFIER, SPECULOOS]
-    assert [w.name for w in chosen.workloads] == ["code_editing", "code_completion", "open_chat"]
+    assert [w.name for w in chosen.workloads] == ["code_editing", "code_rewrite", "code_completion", "open_chat"]
     assert len(chosen.settings) == 2 * 3  # (shared, 0 ms, 10 ms) × (0, 0.7)
     flat = parse("--direct", "http://a", "--proxy", "http://b", "--prompts", "2")
     assert flat.run is cli.run and flat.bench_command is None and flat.prompts == 2
