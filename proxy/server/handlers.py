@@ -190,9 +190,12 @@ def _session(app: web.Application, runtime: RouteRuntime, parsed: GenerationRequ
     controller, spec = runtime.controller, runtime.route.speculation
     stats = RequestStats(plain_rate=lambda: controller.costs.plain_rate)
     pipelined = spec.pipeline if control.pipeline is None else control.pipeline
-    warm_up = chosen = not (control.pinned_k or control.forced)
-    # Reading along is free only where the draft has cores of its own: taking turns, it would delay the target.
-    reads_along = warm_up and parsed.sampling_params.greedy and not runtime.takes_turns
+    chosen = not (control.pinned_k or control.forced)
+    # The draft reads (the prompt while the target decodes the first tokens, then what the target writes) only where
+    # it has cores of its own: taking turns, a reading hides nothing and delays the target, and the prompt is read
+    # by the model's first draft if it ever drafts.
+    warm_up = chosen and not runtime.takes_turns
+    reads_along = warm_up and parsed.sampling_params.greedy
     policy = (PinnedPolicy(control.pinned_k) if control.pinned_k
               else controller.policy(forced=control.forced, pipelined=pipelined, reads_along=reads_along))
     # Only rounds the route's controller chose teach it: a client forcing or pinning K would steer everyone's mode.

@@ -21,24 +21,13 @@ from proxy.targets import checks
 from proxy.targets.base import PositionLogprobs, ScorePlan, Scores, Verification
 from proxy.targets.stopping import EndEvidence
 from proxy.targets.topn import exactness_problem, logprobs_problem, support_from_top_n
-from proxy.targets.upstream import Upstream, UpstreamStatusError
+from proxy.targets.upstream import Upstream
 from proxy.targets.vllm_answers import ending, output_pairs, parse_prefix_tokens, parse_verification, position
-from proxy.targets.vllm_probe import (
-    VLLMInfo,
-    answers_processed_logprobs,
-    defaults_problem,
-    parse_max_logprobs,
-    prefix_cache,
-    sampling_defaults,
-    splits_reasoning,
-    with_server_defaults,
-)
+from proxy.targets.vllm_probe import VLLMInfo, defaults_problem, server_info, with_server_defaults
 from proxy.targets.vllm_sampling import GREEDY, penalty_problem, request_sampling, round_sampling, samples_rounds
 from proxy.targets.warm_prefixes import WarmPrefixes
 from proxy.wire.request import CHAT, GenerationRequest
 
-# More than any vocabulary: vLLM answers 400 "... greater than max allowed: N" (sampling_params.py).
-OVER_ANY_CAP = 1_000_000_000
 # Chat-template settings vLLM's /tokenize shares with its chat endpoint (serve/tokenize/protocol.py).
 CHAT_TEMPLATE_KEYS = ("add_generation_prompt", "continue_final_message", "add_special_tokens",
                       "chat_template", "chat_template_kwargs",
@@ -88,21 +77,7 @@ class VLLMTarget:
         """Version, model, context size, the --max-logprobs cap (from the error a huge request gets), the prefix
         cache, the server's sampling defaults and whether it splits off chat answers' reasoning."""
         await self._model_card()
-        version = await self.upstream.get_json("/version")
-        body = {"model": await self.served_model(), "prompt": [0], "max_tokens": 1, "prompt_logprobs": OVER_ANY_CAP}
-        try:
-            await self.upstream.post_json("/v1/completions", body)
-            max_logprobs = None
-        except UpstreamStatusError as exc:
-            max_logprobs = parse_max_logprobs(exc.message)
-        defaults, source = await sampling_defaults(self.upstream, await self.served_model())
-        try:
-            self.info = VLLMInfo(str(version["version"]), str(self.model), await self.context_size(), max_logprobs,
-                                 await prefix_cache(self.upstream), defaults, source,
-                                 await splits_reasoning(self.upstream, await self.served_model()),
-                                 await answers_processed_logprobs(self.upstream, await self.served_model()))
-        except checks.MALFORMED as exc:
-            raise UpstreamUnavailableError("upstream sent a malformed /version answer") from exc
+        self.info = await server_info(self.upstream, await self.served_model(), await self.context_size())
         return self.info
 
     def round_cost(self) -> str | None:

@@ -23,7 +23,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy.errors import UpstreamError
+from proxy.errors import UpstreamError, UpstreamUnavailableError
+from proxy.targets import checks
 from proxy.targets.body_reading import read_body
 from proxy.targets.upstream import Upstream, UpstreamStatusError
 from proxy.targets.vllm_answers import CLAMPED_NEG_INF
@@ -44,6 +45,8 @@ MAX_METRICS_BYTES = 8 << 20
 CACHE_CONFIG = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.MULTILINE)
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 MAX_ALLOWED = re.compile(r"max allowed: (\d+)")
+# More than any vocabulary: vLLM answers 400 "... greater than max allowed: N" (sampling_params.py).
+OVER_ANY_CAP = 1_000_000_000
 PROCESSED_TOLERANCE = 1e-4  # log(1) in float32
 SCALE_OUT_HINT = "start vLLM with --enable-scale-out to learn them"
 
@@ -112,6 +115,25 @@ class VLLMInfo:
         if "repetition_penalty" in changed:
             return line + "followed (the repetition penalty as the log-probs row says)"
         return line + "followed"
+
+
+async def server_info(upstream: Upstream, model: str, max_model_len: int) -> VLLMInfo:
+    """Version, the --max-logprobs cap (from the error a huge request gets), the prefix cache, the sampling
+    defaults, and how the server answers chat reasoning and log-probs."""
+    version = await upstream.get_json("/version")
+    try:
+        await upstream.post_json("/v1/completions", {"model": model, "prompt": [0], "max_tokens": 1,
+                                                     "prompt_logprobs": OVER_ANY_CAP})
+        max_logprobs = None
+    except UpstreamStatusError as exc:
+        max_logprobs = parse_max_logprobs(exc.message)
+    defaults, source = await sampling_defaults(upstream, model)
+    try:
+        return VLLMInfo(str(version["version"]), model, max_model_len, max_logprobs, await prefix_cache(upstream),
+                        defaults, source, await splits_reasoning(upstream, model),
+                        await answers_processed_logprobs(upstream, model))
+    except checks.MALFORMED as exc:
+        raise UpstreamUnavailableError("upstream sent a malformed /version answer") from exc
 
 
 def parse_max_logprobs(message: str) -> int | None:
