@@ -135,7 +135,7 @@ def proxy_stages() -> list[tuple[object, str, str, bool]]:
     from proxy.decode import events, verify
     from proxy.drafting import llama, lookup
     from proxy.targets import sglang
-    from proxy.wire import emit, response, textstream
+    from proxy.wire import emit, textstream
 
     return [
         (lookup.LookupDrafter, "propose", DRAFT, True), (lookup.SuffixDrafter, "propose", DRAFT, True),
@@ -145,7 +145,7 @@ def proxy_stages() -> list[tuple[object, str, str, bool]]:
         (verify, "verify_on_support", SAMPLING, False),
         (verify, "verify_candidates", SAMPLING, False), (events.Publisher, "__call__", EVENTS, False),
         (textstream.TextStream, "push", TEXT, False), (textstream.TextStream, "close", TEXT, False),
-        (response.ResponseShape, "chunk", EMIT, False), (emit, "_write_chunk", EMIT, True),
+        (emit.ResponseShape, "chunk", EMIT, False), (emit, "_write_chunk", EMIT, True),
     ]
 
 

@@ -30,6 +30,7 @@ from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent
 
 # The route judges its model by fewer timed rounds than a request does: wrongly off, it loses what probes
 # win back; wrongly on, it slows every request that follows.
+SPECULATIVE, PASSTHROUGH = "speculative", "passthrough"  # the two modes a request is served in
 ROUTE_ROUNDS_TO_JUDGE = 4
 ALPHA_NOT_MEASURED = "acceptance not measured yet: requests measure it (reading along, then rounds)"
 
@@ -146,7 +147,7 @@ class RouteController:
         """A JSON-friendly snapshot for /speculoos/status."""
         s, costs = self.settings, self.costs
         return {
-            "mode": "speculative" if self.current.k > 0 or self.looks_up else "passthrough",
+            "mode": SPECULATIVE if self.current.k > 0 or self.looks_up else PASSTHROUGH,
             "k": self.current.k,
             "reason": self.current.reason,
             "alpha": costs.alpha.value,

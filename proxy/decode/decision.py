@@ -25,32 +25,27 @@ class Speculate:
 
 
 @dataclass(frozen=True)
-class Measure:
+class _Reasoned:
+    """A decision that carries only why it was made."""
+
+    reason: str
+
+
+class Measure(_Reasoned):
     """One plain chunk with the draft idle, to measure what plain decoding gets; then decide again."""
 
-    reason: str
 
-
-@dataclass(frozen=True)
-class Read:
+class Read(_Reasoned):
     """A plain chunk that the draft model reads, before any round: what it would have drafted decides later."""
 
-    reason: str
 
-
-@dataclass(frozen=True)
-class Plain:
+class Plain(_Reasoned):
     """The model drafts nothing: the target decodes plainly (a lookup drafter still proposes its paths)."""
 
-    reason: str
 
-
-@dataclass(frozen=True)
-class Finish:
+class Finish(_Reasoned):
     """The loop's own: speculation ended for good (the error budget is spent, or a model draft neither drafts nor
     reads), plain chunks to the end."""
-
-    reason: str
 
 
 Decision = Speculate | Measure | Read | Plain

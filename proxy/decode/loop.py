@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from proxy.config.section import MAX_K
@@ -144,9 +144,8 @@ class _Rounds:
     async def _plain(self, n: int, *, read: bool, lookup_missed: bool = False,
                      declined: tuple[int, ...] = ()) -> tuple[int, ...]:
         """A chunk of up to n tokens decoded by the target, up to the end of generation; the draft reads it if asked."""
-        tokens = await plain_chunk(self.session, self.target, self.context, n, lookup_missed=lookup_missed,
-                                   declined=declined, draft_busy=self.reader.busy())
-        tokens = _until_end(tuple(tokens), self.is_end)
+        tokens = await plain_chunk(self.session, self.target, self.context, n, self.is_end,
+                                   lookup_missed=lookup_missed, declined=declined, draft_busy=self.reader.busy())
         if read:
             self.reader.read(self.context, tokens)
         return tokens
@@ -185,29 +184,29 @@ class _Rounds:
                         remaining: int, started: float) -> tuple[int, ...]:
         """Verify the draft (drafting the next round ahead meanwhile), publish the round, and return what it emits."""
         session, drafted_at = self.session, time.perf_counter()
-        verification = asyncio.ensure_future(verify_round(session, self.target, self.context, draft))
+        verification = asyncio.ensure_future(verify_round(session, self.target, self.context, draft, remaining,
+                                                          self.is_end))
         try:  # from its start: whatever ends the round early (a client gone, a failed draft-ahead) stops it too
             self.ahead = draft_ahead(session, self.drafter, self.context, draft, remaining, decision)
-            emitted, accepted, followed, tv_bound = await verification
+            verdict = await verification
         finally:
             verification.cancel()
-        emitted = _until_end(emitted[:remaining], self.is_end)
         hit = None
         if self.ahead is not None:
-            hit = await resolve(self.ahead, draft, accepted, emitted, self.is_end)
+            hit = await resolve(self.ahead, draft, verdict.accepted, verdict.emitted, self.is_end)
             self.ahead = self.ahead if hit else None
-        self.worst_tv = max(self.worst_tv, tv_bound)
+        self.worst_tv = max(self.worst_tv, verdict.tv_bound)
         asked = plan.k if draft.source == Source.MODEL else plan.lookup_k
         session.publish(RoundEvent(
-            request_id=session.request_id, route=session.route, index=self.index, k=asked, drafted=followed,
-            accepted=accepted, emitted=emitted, draft_seconds=drafted_at - started,
-            verify_seconds=time.perf_counter() - drafted_at, tv_bound=tv_bound, source=draft.source,
+            request_id=session.request_id, route=session.route, index=self.index, k=asked, drafted=verdict.followed,
+            accepted=verdict.accepted, emitted=verdict.emitted, draft_seconds=drafted_at - started,
+            verify_seconds=time.perf_counter() - drafted_at, tv_bound=verdict.tv_bound, source=draft.source,
             candidates=1 + len(draft.alternatives), declined=draft.declined, led=draft.led, checked=draft.checked,
             drafted_ahead=ahead is not None,
             drafting_seconds_per_token=ahead.seconds_per_token if ahead else draft.seconds_per_token,
             ahead_hit=hit, context=len(self.context), prefill=session.at_prompt(self.context)))
         self.index += 1
-        return emitted
+        return verdict.emitted
 
     async def _stop_ahead(self) -> None:
         """Drop the draft-ahead in flight, if any."""
@@ -220,10 +219,3 @@ class _Rounds:
         await self._stop_ahead()
         await self.reader.stop()
 
-
-def _until_end(tokens: tuple[int, ...], is_end: Callable[[int], bool]) -> tuple[int, ...]:
-    """The tokens up to and including the first end of generation (a draft may run past it)."""
-    for position, token in enumerate(tokens):
-        if is_end(token):
-            return tokens[: position + 1]
-    return tokens

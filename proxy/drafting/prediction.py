@@ -235,3 +235,11 @@ def _model_first(plan: DraftPlan) -> DraftPlan:
         return length if length >= plan.k else 0
 
     return replace(plan, worth=worth)
+
+
+def with_prediction(drafter: Drafter, prediction: str | None, prompt_length: int) -> Drafter:
+    """The route's drafter, behind the request's prediction if it sent one (tokenized once, in the draft's
+    vocabulary, which the tokenizer check found to be the target's)."""
+    if not prediction:
+        return drafter
+    return PredictionDrafter(drafter, drafter.vocabulary.tokenize(prediction, add_special=False), prompt_length)

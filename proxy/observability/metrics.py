@@ -12,7 +12,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from proxy.control.route import RouteController
+from proxy.control.route import PASSTHROUGH, SPECULATIVE, RouteController
 from proxy.decode.events import Event, RoundEvent, SwitchEvent
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -80,8 +80,8 @@ class Metrics:
             return
         self._decisions[route] = (k, alpha)
         self.series(self.chosen_k, route).set(k)
-        for mode in ("speculative", "passthrough"):
-            self.series(self.mode, route, mode).set(1 if (mode == "speculative") == (k > 0) else 0)
+        for mode in (SPECULATIVE, PASSTHROUGH):
+            self.series(self.mode, route, mode).set(1 if (mode == SPECULATIVE) == (k > 0) else 0)
         if alpha is not None:
             self.series(self.alpha, route).set(alpha)
 

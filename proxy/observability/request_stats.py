@@ -107,6 +107,11 @@ class RequestStats:
         return {"tokens_per_second": _round(rate, 2), "plain_tokens_per_second": _round(plain, 2),
                 "vs_plain": _round(rate / plain, 3) if rate and plain else None}
 
+    def prediction_counts(self) -> tuple[int, int]:
+        """Prediction tokens drafted and accepted so far."""
+        _, drafted, accepted = self.by_source.get(Source.PREDICTION, (0, 0, 0))
+        return drafted, accepted
+
     def as_dict(self) -> dict[str, float | int | bool | list | dict | None]:
         """The JSON extension object."""
         alpha, tau = self.acceptance_rate, self.tokens_per_round

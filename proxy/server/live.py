@@ -18,15 +18,15 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.control.route import PASSTHROUGH, SPECULATIVE
 from proxy.decode.events import Subscriber
 from proxy.observability.live import PASSTHROUGH as PASSTHROUGH_ORIGIN
 from proxy.observability.live import LiveFeed, RoundTracker, Trace
-from proxy.server.live_access import admin_token, page_address, reader, serves_live, tenant_of
+from proxy.server.live_access import admin_token, page_address, reader, serves_live
 from proxy.server.passthrough import TokenMeter
 from proxy.server.runtime import CONFIG, RUNTIMES, RouteRuntime
 from proxy.wire.response import SSE_HEADERS
 
-SPECULATIVE, PASSTHROUGH = "speculative", "passthrough"
 PAGE_PATH, EVENTS_PATH = "/speculoos/live", "/speculoos/live/events"
 ROUTES_EVERY_S = 1.0  # how often an open page gets the routes' state
 OUTCOME_KEYS = ("mode", "reason", "status", "error", "finish_reason", "completion_tokens", "alpha", "rounds",
@@ -160,11 +160,11 @@ async def events(request: web.Request) -> web.StreamResponse:
 # -- what the generation handlers report ---------------------------------------------------------------
 
 
-def begin(request: web.Request, request_id: str, route: str, kind: str, body: dict[str, Any]) -> None:
+def begin(request: web.Request, request_id: str, route: str, kind: str, body: dict[str, Any], tenant: str) -> None:
     """A generation request was routed."""
     feed = request.app.get(LIVE)
     if feed is not None:
-        request[TRACE] = feed.begin(request_id, route, kind, body, tenant=tenant_of(request.headers))
+        request[TRACE] = feed.begin(request_id, route, kind, body, tenant=tenant)
 
 
 def round_subscribers(app: web.Application, request_id: str, runtime: RouteRuntime) -> list[Subscriber]:

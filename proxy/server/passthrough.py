@@ -18,7 +18,9 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from proxy.config.schema import Route
+from proxy.control.route import PASSTHROUGH
 from proxy.errors import UpstreamError, UpstreamUnavailableError
+from proxy.server.runtime import METRICS, RouteRuntime
 from proxy.targets.body_reading import iter_body
 from proxy.targets.upstream import Upstream
 from proxy.wire.control import CONTROL_FIELD
@@ -149,6 +151,20 @@ async def forward(request: web.Request, upstream: Upstream, *, body: bytes | Non
                 raise ConnectionResetError("upstream failed mid-body") from exc
         await response.write_eof()
     return response
+
+
+async def pass_through(request: web.Request, runtime: RouteRuntime, body: bytes, meter: TokenMeter, started: float,
+                       headers: dict[str, str]) -> tuple[web.StreamResponse, int | None]:
+    """Forward a generation request, measuring the target's plain decoding rate on the way; the answer's completion
+    tokens where it has them."""
+    response = await forward(request, runtime.upstream, body=body, extra_headers=headers, meter=meter)
+    tokens = meter.completion_tokens()
+    if response.status != 200 or not tokens or meter.first_byte is None:
+        return response, None
+    if (seconds := meter.decoding_seconds(started)) is not None:
+        runtime.controller.record_plain(tokens, seconds)
+    request.app[METRICS].ttft.labels(runtime.name, PASSTHROUGH).observe(meter.first_byte - started)
+    return response, tokens
 
 
 class TokenMeter:

@@ -104,7 +104,8 @@ async def _openai_generation(request: web.Request, kind: str) -> web.StreamRespo
     tokens = _decode_one_by_one(model, prompt_ids, parsed.sampling_params, max_tokens,
                                 np.random.default_rng(parsed.seed))
     tools = ToolCallStream() if parsed.kind == CHAT and parses_tool_calls(parsed.body) else None
-    response, _ = await write_generation(request, parsed, tokens, stream, len(prompt_ids), tools=tools)
+    response, _ = await write_generation(request, parsed, tokens, stream, len(prompt_ids),
+                                         shapers=[tools] if tools is not None else ())
     return response
 
 

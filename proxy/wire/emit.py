@@ -1,8 +1,11 @@
-"""Token batches -> text -> an OpenAI JSON body or SSE stream, with in-band errors once bytes are out."""
+"""Token batches -> text -> an OpenAI JSON body or SSE stream (chunks, usage, whole bodies), with in-band errors
+once bytes are out."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,12 +13,62 @@ from aiohttp import web
 
 from proxy.errors import SpeculoosError
 from proxy.wire.errors import end_stream, stream_opened
-from proxy.wire.logprobs import LogprobsWriter
 from proxy.wire.request import CHAT, GenerationRequest
-from proxy.wire.response import SSE_HEADERS, ResponseShape, sse_event, usage
+from proxy.wire.response import SSE_HEADERS, sse_event
+from proxy.wire.shapers import ResponseShaper
 from proxy.wire.textstream import Delta, TextStream
-from proxy.wire.tool_stream import ToolCallStream
-from proxy.wire.tools import rewrite_body
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """OpenAI usage object."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+class ResponseShape:
+    """Builds the chunks and the final body for one response."""
+
+    def __init__(self, kind: str, model: str, *, include_usage: bool = False) -> None:
+        self.kind = kind
+        self.model = model
+        self.include_usage = include_usage
+        prefix = "chatcmpl" if kind == CHAT else "cmpl"
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def _envelope(self, obj: str, choices: list[dict]) -> dict[str, Any]:
+        body = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+        if self.include_usage:
+            body["usage"] = None  # every chunk but the last carries usage: null (OpenAI)
+        return body
+
+    def chunk(self, text: str | None, finish_reason: str | None, *, role: bool = False) -> dict[str, Any]:
+        """One streaming chunk (its log-probs null until a shaper sets them)."""
+        if self.kind == CHAT:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {"content": text}
+            choice = {"index": 0, "delta": delta if text is not None or role else {}, "logprobs": None,
+                      "finish_reason": finish_reason}
+            return self._envelope("chat.completion.chunk", [choice])
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        return self._envelope("text_completion", [choice])
+
+    def usage_chunk(self, usage_obj: dict[str, Any]) -> dict[str, Any]:
+        """The final stream_options.include_usage chunk: no choices."""
+        body = self._envelope("chat.completion.chunk" if self.kind == CHAT else "text_completion", [])
+        body["usage"] = usage_obj
+        return body
+
+    def full(self, text: str, finish_reason: str | None, usage_obj: dict[str, Any]) -> dict[str, Any]:
+        """The non-streaming response body (its log-probs null until a shaper sets them)."""
+        if self.kind == CHAT:
+            message = {"role": "assistant", "content": text}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+            body = self._envelope("chat.completion", [choice])
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            body = self._envelope("text_completion", [choice])
+        body["usage"] = usage_obj
+        return body
 
 
 @dataclass
@@ -48,19 +101,13 @@ async def write_generation(
     prompt_tokens: int,
     *,
     headers: dict[str, str] | None = None,
-    extension: Any = None,
-    usage_details: Callable[[], dict[str, int]] | None = None,
-    logprobs: LogprobsWriter | None = None,
-    tools: ToolCallStream | None = None,
+    shapers: Sequence[ResponseShaper] = (),
 ) -> tuple[web.StreamResponse, GenerationOutcome]:
-    """Drive `token_batches` through `stream` and answer in JSON or SSE.
+    """Drive `token_batches` through `stream` and answer in JSON or SSE, each chunk, body and usage shaped by
+    `shapers` in order (proxy/wire/shapers.py).
 
     The first batch is awaited before any byte is sent, so an upstream that is down on the first
-    round still gets a proper HTTP error; any later failure goes in-band as an error event. `extension`,
-    if given, is a callable returning a JSON object added as `speculoos` to the usage chunk or body;
-    `usage_details`, a callable returning the usage's `completion_tokens_details`; `logprobs`, the writer of the
-    emitted tokens' log-probs when the client asked for them (each chunk carries those of its tokens); `tools`,
-    the reader of a chat answer's tool calls when the request's output is parsed for them (tools.py).
+    round still gets a proper HTTP error; any later failure goes in-band as an error event.
     """
     shape = ResponseShape(parsed.kind, parsed.model, include_usage=parsed.stream and parsed.include_usage)
     response: web.StreamResponse | None = None
@@ -68,21 +115,19 @@ async def write_generation(
         async for batch in token_batches:
             taken = stream.completion_tokens
             delta = stream.push(batch)
-            if logprobs is not None:  # the tokens the stream took (none past the end)
-                logprobs.add(batch[: stream.completion_tokens - taken])
+            for shaper in shapers:  # the tokens the stream took (none past the end)
+                shaper.add(batch[: stream.completion_tokens - taken])
             if parsed.stream:
                 if response is None:
                     response = await _open_stream(request, shape, headers)
                 if delta.text or delta.finish_reason:
-                    await _write_chunk(response, shape.chunk(delta.text, delta.finish_reason,
-                                                             logprobs=_take(logprobs)), tools, delta)
+                    await _write_chunk(response, shape, shapers, delta)
             if delta.finish_reason:
                 break
         else:
             delta = stream.close()
             if parsed.stream and response is not None:
-                await _write_chunk(response, shape.chunk(delta.text, delta.finish_reason, logprobs=_take(logprobs)),
-                                   tools, delta)
+                await _write_chunk(response, shape, shapers, delta)
     except Exception as exc:
         if response is None or isinstance(exc, ConnectionError):
             raise  # no byte out yet: a real HTTP error; or the client went away
@@ -91,34 +136,31 @@ async def write_generation(
         return response, GenerationOutcome(stream.text, None, prompt_tokens, stream.completion_tokens, error)
     finally:
         await token_batches.aclose()  # type: ignore[attr-defined]
-    usage_obj = usage(prompt_tokens, stream.completion_tokens, usage_details() if usage_details else None)
+    usage_obj = usage(prompt_tokens, stream.completion_tokens)
     outcome = GenerationOutcome(stream.text, stream.finish_reason, prompt_tokens, stream.completion_tokens)
     if not parsed.stream:
-        body = shape.full(stream.text, stream.finish_reason, usage_obj, logprobs=_take(logprobs))
-        if tools is not None:  # the text read as content and tool calls
-            rewrite_body(body, stream.text)
-        if extension is not None:
-            body["speculoos"] = extension()
+        body = shape.full(stream.text, stream.finish_reason, usage_obj)
+        for shaper in shapers:
+            shaper.shape_body(body, stream.text)
+        for shaper in shapers:
+            shaper.shape_usage(usage_obj, body)
         return web.json_response(body, headers=headers), outcome
     if response is None:  # the generator produced nothing at all: still a well-formed stream
         response = await _open_stream(request, shape, headers)
-        await response.write(sse_event(shape.chunk("", stream.close().finish_reason, logprobs=_take(logprobs))))
+        await _write_chunk(response, shape, shapers, stream.close(), always=True)
     if parsed.include_usage:
         chunk = shape.usage_chunk(usage_obj)
-        if extension is not None:
-            chunk["speculoos"] = extension()
+        for shaper in shapers:
+            shaper.shape_usage(usage_obj, chunk)
         await response.write(sse_event(chunk))
     await end_stream(request)
     return response, outcome
 
 
-def _take(logprobs: LogprobsWriter | None) -> dict[str, Any] | None:
-    """The log-probs of the tokens since the last chunk, if the client asked for them."""
-    return logprobs.take() if logprobs is not None else None
-
-
-async def _write_chunk(response: web.StreamResponse, chunk: dict[str, Any], tools: ToolCallStream | None,
-                       delta: Delta) -> None:
-    """Send a chunk; with `tools`, its text read as content and tool calls (held back while it may begin a call)."""
-    if tools is None or tools.rewrite_chunk(chunk, delta.text, delta.finish_reason):
+async def _write_chunk(response: web.StreamResponse, shape: ResponseShape, shapers: Sequence[ResponseShaper],
+                       delta: Delta, *, always: bool = False) -> None:
+    """Send the chunk of `delta`, as the shapers leave it (one may hold it back: a tail that may begin a tool call)."""
+    chunk = shape.chunk(delta.text, delta.finish_reason)
+    sends = [shaper.shape_chunk(chunk, delta.text, delta.finish_reason) for shaper in shapers]
+    if always or all(sends):
         await response.write(sse_event(chunk))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.wire.fields import CHAT
+from proxy.wire.shapers import ResponseShaper
 
 LOGPROB_FIELDS = frozenset({"logprobs", "top_logprobs"})
 MAX_CHAT_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
@@ -55,8 +56,8 @@ def _clamped(logprob: float) -> float:
     return max(logprob, CLAMPED_NEG_INF)
 
 
-class LogprobsWriter:
-    """One response's log-probs: the entries of the tokens emitted since the last chunk, shaped for it."""
+class LogprobsWriter(ResponseShaper):
+    """One response's log-probs: each chunk carries those of the tokens emitted since the last one."""
 
     def __init__(self, kind: str, n: int, token_bytes: Callable[[int], bytes], lookup: Lookup) -> None:
         self.kind, self.n = kind, n
@@ -77,6 +78,13 @@ class LogprobsWriter:
             return None
         pending, self._pending = self._pending, []
         return self._chat(pending) if self.kind == CHAT else self._legacy(pending)
+
+    def shape_chunk(self, chunk: dict[str, Any], text: str | None, finish_reason: str | None) -> bool:
+        chunk["choices"][0]["logprobs"] = self.take()
+        return True
+
+    def shape_body(self, body: dict[str, Any], text: str) -> None:
+        body["choices"][0]["logprobs"] = self.take()
 
     def _text(self, token: int) -> str:
         return self._token_bytes(token).decode("utf-8", errors="replace")

@@ -183,9 +183,9 @@ def parse_generation_request(body: Any, kind: Literal["chat", "completion"]) -> 
         stream=stream,
         include_usage=bool(options and options.get("include_usage")),
         seed=seed,
+        prediction=_prediction(body),
         unsupported=unsupported_fields(body, kind),
         body=body,
-        prediction=_prediction(body),
         logprobs=requested_logprobs(body, kind),
         repetition_penalty=repetition_penalty,
     )

@@ -13,7 +13,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from proxy.wire.tools import ARGUMENTS, END, NAME, START, STOP, TOOL_CALLS, call_id
+from proxy.wire.shapers import ResponseShaper
+from proxy.wire.tools import ARGUMENTS, END, NAME, START, STOP, TOOL_CALLS, call_id, rewrite_body
 
 
 def _overlap(text: str, tag: str) -> int:
@@ -98,8 +99,9 @@ class _Region:
         return (0, 0) if self._arguments is None else self._arguments.span(text, kept, self._solid)
 
 
-class ToolCallStream:
-    """One streamed chat answer's text -> deltas of content and tool calls; each push reads only what is new."""
+class ToolCallStream(ResponseShaper):
+    """One chat answer's text -> content and tool calls: streamed as deltas (each push reads only what is new), or
+    whole."""
 
     def __init__(self, new_id: Callable[[], str] = call_id) -> None:
         self._new_id = new_id
@@ -168,7 +170,7 @@ class ToolCallStream:
             self._region, self._read, self._next_tag = None, index + 1, region.end + len(END)
         return deltas
 
-    def rewrite_chunk(self, chunk: dict[str, Any], text: str | None, finish_reason: str | None) -> bool:
+    def shape_chunk(self, chunk: dict[str, Any], text: str | None, finish_reason: str | None) -> bool:
         """Give a chat chunk the delta and finish reason of `text`; False when it has nothing left to send."""
         choice = chunk["choices"][0]
         delta = self.push(text or "")
@@ -178,3 +180,6 @@ class ToolCallStream:
                 delta["content"] = delta.get("content", "") + held["content"]
         choice["delta"], choice["finish_reason"] = delta, finish_reason
         return bool(delta) or finish_reason is not None or choice.get("logprobs") is not None
+
+    def shape_body(self, body: dict[str, Any], text: str) -> None:
+        rewrite_body(body, text, self._new_id)

@@ -21,6 +21,7 @@ from proxy.errors import UpstreamUnavailableError
 from proxy.wire.emit import write_generation
 from proxy.wire.errors import INTERNAL_MESSAGE, error_middleware
 from proxy.wire.request import COMPLETION, parse_generation_request
+from proxy.wire.shapers import Report
 from proxy.wire.textstream import TextStream
 from tests.fakes.toy_model import ToyVocabulary
 from tests.support import sse_events
@@ -52,7 +53,8 @@ def generation(batches: Callable[[], AsyncIterator[Sequence[int]]], *, extension
         parsed = parse_generation_request(await request.json(), COMPLETION)
         vocabulary = ToyVocabulary()
         stream = TextStream(vocabulary.token_bytes, vocabulary.is_end_of_generation, max_tokens=parsed.max_tokens)
-        response, _ = await write_generation(request, parsed, batches(), stream, 3, extension=extension)
+        response, _ = await write_generation(request, parsed, batches(), stream, 3,
+                                             shapers=[Report(extension)] if extension is not None else ())
         if then is not None:
             then()
         return response

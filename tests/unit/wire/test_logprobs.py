@@ -114,7 +114,8 @@ async def answer(kind: str, body: dict[str, Any], batches: list[list[int]]) -> A
 
         logprobs = None if parsed.logprobs is None else \
             LogprobsWriter(kind, parsed.logprobs, vocabulary.token_bytes, fixed_lookup)
-        response, _ = await write_generation(request, parsed, tokens(), stream, 3, logprobs=logprobs)
+        response, _ = await write_generation(request, parsed, tokens(), stream, 3,
+                                             shapers=[logprobs] if logprobs is not None else ())
         return response
 
     app = web.Application()

@@ -180,14 +180,14 @@ def test_chunks_carry_the_tool_deltas_and_empty_ones_are_not_sent(pushed: list, 
     stream, out = ToolCallStream(numbered_ids()), []
     for text, finish in pushed:
         built = chunk(text, finish)
-        if stream.rewrite_chunk(built, text, finish):
+        if stream.shape_chunk(built, text, finish):
             out.append((built["choices"][0]["delta"], built["choices"][0]["finish_reason"]))
     assert out == sent
 
 
 def test_a_chunk_with_log_probs_is_sent_even_while_text_is_held() -> None:
     built = chunk("<tool", None, logprobs={"content": []})
-    assert ToolCallStream().rewrite_chunk(built, "<tool", None)
+    assert ToolCallStream().shape_chunk(built, "<tool", None)
     assert built["choices"][0]["delta"] == {}
 
 
