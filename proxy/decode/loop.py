@@ -26,20 +26,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 
 from proxy.config.section import MAX_K
 from proxy.decode.ahead import DraftAhead, draft_ahead, resolve
 from proxy.decode.decision import Action, Decision, Finish, Measure, Plain, Read, Speculate, action_for, model_k
-from proxy.decode.events import RoundEvent, SwitchEvent
-from proxy.decode.plain import PLAIN_CHUNK, plain_chunk
+from proxy.decode.events import PlainEvent, RoundEvent, SwitchEvent
 from proxy.decode.reading import DraftReader
 from proxy.decode.session import Session
 from proxy.decode.verify import verify_round
 from proxy.drafting.base import Draft, Drafter, DraftPlan, Source
 from proxy.targets.base import Target
 
+PLAIN_CHUNK = 8  # tokens per plain chunk after a switch
 START_CHUNK = 4  # plain tokens per target call while the draft model reads the prompt
 FIRST_CHUNK = 1  # the call that pays the prompt's prefill: its token goes to the client as soon as the server's would
 DRAFT_ROOM = 2 * MAX_K + 1  # context the model may need past the current one: a round's drafts, a draft-ahead's
@@ -144,8 +144,13 @@ class _Rounds:
     async def _plain(self, n: int, *, read: bool, lookup_missed: bool = False,
                      declined: tuple[int, ...] = ()) -> tuple[int, ...]:
         """A chunk of up to n tokens decoded by the target, up to the end of generation; the draft reads it if asked."""
-        tokens = await plain_chunk(self.session, self.target, self.context, n, self.is_end,
-                                   lookup_missed=lookup_missed, declined=declined, draft_busy=self.reader.busy())
+        session, started, draft_busy = self.session, time.perf_counter(), self.reader.busy()
+        decoded = await self.target.generate(self.context, n, session.params, session.target_seed(),
+                                             session.client_headers, model=session.model)
+        session.publish(PlainEvent(session.request_id, session.route, tuple(decoded), time.perf_counter() - started,
+                                   lookup_missed, declined, prefill=session.at_prompt(self.context),
+                                   draft_busy=draft_busy))
+        tokens = _until_end(decoded, self.is_end)
         if read:
             self.reader.read(self.context, tokens)
         return tokens
@@ -184,29 +189,29 @@ class _Rounds:
                         remaining: int, started: float) -> tuple[int, ...]:
         """Verify the draft (drafting the next round ahead meanwhile), publish the round, and return what it emits."""
         session, drafted_at = self.session, time.perf_counter()
-        verification = asyncio.ensure_future(verify_round(session, self.target, self.context, draft, remaining,
-                                                          self.is_end))
+        verification = asyncio.ensure_future(verify_round(session, self.target, self.context, draft))
         try:  # from its start: whatever ends the round early (a client gone, a failed draft-ahead) stops it too
             self.ahead = draft_ahead(session, self.drafter, self.context, draft, remaining, decision)
             verdict = await verification
         finally:
             verification.cancel()
+        emitted = _until_end(verdict.emitted[:remaining], self.is_end)
         hit = None
         if self.ahead is not None:
-            hit = await resolve(self.ahead, draft, verdict.accepted, verdict.emitted, self.is_end)
+            hit = await resolve(self.ahead, draft, verdict.accepted, emitted, self.is_end)
             self.ahead = self.ahead if hit else None
         self.worst_tv = max(self.worst_tv, verdict.tv_bound)
         asked = plan.k if draft.source == Source.MODEL else plan.lookup_k
         session.publish(RoundEvent(
             request_id=session.request_id, route=session.route, index=self.index, k=asked, drafted=verdict.followed,
-            accepted=verdict.accepted, emitted=verdict.emitted, draft_seconds=drafted_at - started,
+            accepted=verdict.accepted, emitted=emitted, draft_seconds=drafted_at - started,
             verify_seconds=time.perf_counter() - drafted_at, tv_bound=verdict.tv_bound, source=draft.source,
             candidates=1 + len(draft.alternatives), declined=draft.declined, led=draft.led, checked=draft.checked,
             drafted_ahead=ahead is not None,
             drafting_seconds_per_token=ahead.seconds_per_token if ahead else draft.seconds_per_token,
             ahead_hit=hit, context=len(self.context), prefill=session.at_prompt(self.context)))
         self.index += 1
-        return verdict.emitted
+        return emitted
 
     async def _stop_ahead(self) -> None:
         """Drop the draft-ahead in flight, if any."""
@@ -219,3 +224,10 @@ class _Rounds:
         await self._stop_ahead()
         await self.reader.stop()
 
+
+def _until_end(tokens: Sequence[int], is_end: Callable[[int], bool]) -> tuple[int, ...]:
+    """The tokens up to and including the first end of generation (a draft may run past it)."""
+    for position, token in enumerate(tokens):
+        if is_end(token):
+            return tuple(tokens[: position + 1])
+    return tuple(tokens)

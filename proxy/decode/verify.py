@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy.decode.session import Session
@@ -12,23 +11,20 @@ from proxy.sampling.candidates import verify_candidates
 from proxy.sampling.draft_rows import DraftRows
 from proxy.sampling.rejection import verify_on_support
 from proxy.targets.base import ScorePlan, Scores, Target
-from proxy.targets.stopping import until_end
 
 
 @dataclass(frozen=True)
 class Verdict:
     """What a round's verification decided."""
 
-    emitted: tuple[int, ...]  # the accepted drafts and the target's own token: at most the budget, up to an end
+    emitted: tuple[int, ...]  # the accepted drafts and the target's own token (the loop cuts them at an end)
     accepted: int  # drafts accepted
     followed: tuple[int, ...]  # the path the round followed: the draft, or another path a lookup found
     tv_bound: float  # bounded sampling's bound on the round's error (0 where exact)
 
 
-async def verify_round(session: Session, target: Target, context: list[int], draft: Draft, most: int,
-                       is_end: Callable[[int], bool]) -> Verdict:
-    """Score the draft (and its other paths) and accept exactly; the emitted tokens at most `most`, up to the first
-    end of generation."""
+async def verify_round(session: Session, target: Target, context: list[int], draft: Draft) -> Verdict:
+    """Score the draft (and its other paths) and accept exactly."""
     paths = (draft.tokens, *draft.alternatives)
     path_drafts = [draft, *(Draft(path, DraftRows.one_hot(path, draft.probs.vocab_size), draft.source)
                             for path in draft.alternatives)]
@@ -40,7 +36,7 @@ async def verify_round(session: Session, target: Target, context: list[int], dra
     else:
         tree = verify_candidates(paths, [s.support for s in scored], session.random.accept)
         emitted, accepted, followed = tree.emitted, tree.accepted, paths[tree.candidate]
-    return Verdict(until_end(emitted[:most], is_end), accepted, followed, max(s.tv_bound for s in scored))
+    return Verdict(emitted, accepted, followed, max(s.tv_bound for s in scored))
 
 
 async def _score_all(target: Target, context: list[int], drafts: list[Draft], plans: list[ScorePlan]) -> list[Scores]:

@@ -10,11 +10,10 @@ from aiohttp import web
 
 from proxy.admission import RouteSnapshot, passthrough_reason
 from proxy.errors import BadRequestError
-from proxy.server import guard
-from proxy.server.runtime import CONFIG, RUNTIMES, RouteRuntime, runtime_for
+from proxy.server.runtime import RouteRuntime, no_route, route_of
 from proxy.wire.control import RequestControl, request_control
 from proxy.wire.json_body import parse_body
-from proxy.wire.keys import key_headers
+from proxy.wire.keys import key_headers, tenant
 from proxy.wire.request import CHAT, COMPLETION, GenerationRequest, parse_generation_request
 from proxy.wire.tool_stream import ToolCallStream
 from proxy.wire.tools import format_problem, parses_tool_calls, prompt_text
@@ -57,29 +56,24 @@ async def route_request(request: web.Request, kind: str, raw: bytes) -> Routed:
     """The request parsed and routed (a 400 or 404 if it cannot be): sampled as its server would sample it, with the
     server's defaults in the fields it left out; a body the proxy refuses goes untouched where its route would
     forward it as it is anyway."""
-    tenant, client_headers = guard.tenant(request.headers), key_headers(request.headers) or None
+    client_headers, drafts_for = key_headers(request.headers) or None, tenant(request.headers)
     body = await parse_body(raw)
+    model = body.get("model") if isinstance(body, dict) else None
+    runtime = route_of(request, model) if isinstance(model, str) else None
     try:
         parsed = parse_generation_request(body, kind)  # type: ignore[arg-type]
     except BadRequestError:
-        if (untouched := _untouched(request, body)) is None:
+        # Forwarded untouched where its route would forward it as it is anyway: the server judges its fields.
+        if runtime is None or (runtime.speculates and runtime.route.speculation.enabled
+                               and not request_control(request.headers, body).off):
             raise
-        return Routed(untouched, raw, body, None, None, tenant, client_headers)
+        return Routed(runtime, raw, body, None, None, drafts_for, client_headers)
     control = request_control(request.headers, body)
-    runtime = runtime_for(request, parsed.model)
+    if runtime is None:
+        raise no_route(request, parsed.model)
     if runtime.target is not None:
         parsed = runtime.target.with_defaults(parsed)
-    return Routed(runtime, raw, body, parsed, control, tenant, client_headers)
-
-
-def _untouched(request: web.Request, body: Any) -> RouteRuntime | None:
-    """The route that would forward this body untouched, so that the server judges its fields; else None."""
-    if not (isinstance(body, dict) and isinstance(body.get("model"), str)) or (
-            route := request.app[CONFIG].match(body["model"], request.path)) is None:
-        return None
-    runtime = request.app[RUNTIMES][route.name]
-    speculates = runtime.speculates and route.speculation.enabled
-    return runtime if not speculates or request_control(request.headers, body).off else None
+    return Routed(runtime, raw, body, parsed, control, drafts_for, client_headers)
 
 
 async def admit(routed: Routed, request_id: str) -> Admitted | str:

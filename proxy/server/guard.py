@@ -1,5 +1,4 @@
-"""Who may call the proxy: no dot segments, the browser rules (proxy/wire/browsers.py), CORS for listed origins,
-and the client's tenant.
+"""Who may call the proxy: no dot segments, the browser rules (proxy/wire/browsers.py), CORS for listed origins.
 
 The rules keep a web page from spending the routes' API keys or reading answers by DNS rebinding;
 they are written out in ServerConfig's docstring. The live page keeps its own, stricter Host rule.
@@ -7,7 +6,6 @@ they are written out in ServerConfig's docstring. The live page keeps its own, s
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 
 from aiohttp import web
@@ -19,11 +17,9 @@ from proxy.server.runtime import CONFIG
 from proxy.targets.upstream import has_dot_segment
 from proxy.wire.browsers import refuse_foreign, same_origin
 from proxy.wire.errors import Handler
-from proxy.wire.keys import client_key
 
 LIVE_PATHS = frozenset({PAGE_PATH, EVENTS_PATH})  # their own Host rule answers 404 (the page's existence stays unseen)
 HINT = " (server.allowed_hosts and server.allowed_origins list those allowed)"
-ANONYMOUS = ""  # the tenant of requests without a key
 PREFLIGHT_MAX_AGE_S = "600"
 CORS_ORIGIN = web.RequestKey("cors_origin", str)
 
@@ -63,11 +59,3 @@ async def add_cors_headers(request: web.Request, response: web.StreamResponse) -
         response.headers["Access-Control-Expose-Headers"] = "X-Speculoos-Mode"
         response.headers.add("Vary", "Origin")
 
-
-def tenant(headers: Mapping[str, str]) -> str:
-    """Whose outputs a request may draft from: a digest of the client's API key in any header a key travels in
-    (never the key), or ANONYMOUS."""
-    key = client_key(headers)
-    if key is None:
-        return ANONYMOUS
-    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:32]

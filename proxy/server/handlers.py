@@ -59,37 +59,35 @@ async def _generation(request: web.Request, kind: str) -> web.StreamResponse:
     routed = await route_request(request, kind, raw)
     runtime, request_id = routed.runtime, uuid.uuid4().hex[:12]
     structlog.contextvars.bind_contextvars(request_id=request_id, route=runtime.name)
-    live.begin(request, request_id, runtime.name, kind, routed.body, routed.tenant)
     summary = RequestSummary(kind, routed.stream)
-    try:
-        admitted = await admit(routed, request_id)
-        if isinstance(admitted, Admitted):
-            summary.mode = SPECULATIVE
-            response, outcome, stats = await serve_speculatively(request, runtime, admitted, request_id, started,
-                                                                 {MODE_HEADER: SPECULATIVE})
-            summary.prompt_tokens, summary.completion_tokens = outcome.prompt_tokens, outcome.completion_tokens
-            summary.finish_reason, summary.stats = outcome.finish_reason, stats.as_dict()
-            summary.error = outcome.error  # the stream ended in-band: the status says 200, this says why it stopped
-        else:
-            summary.mode, summary.reason = PASSTHROUGH, admitted
-            meter = live.passthrough_meter(request)
-            response, summary.completion_tokens = await pass_through(
-                request, runtime, upstream_body(routed.raw, routed.body, runtime.route), meter, started,
-                {MODE_HEADER: PASSTHROUGH})
-        summary.status = response.status
-        request.app[METRICS].requests.labels(runtime.name, summary.mode).inc()
-        return response
-    except (asyncio.CancelledError, ClientConnectionResetError):  # gone mid-request, or mid-answer as it was written
-        summary.status, summary.error = 499, "client disconnected"  # nginx's code for it
-        raise
-    except Exception as exc:
-        summary.status, summary.error = getattr(exc, "status", 500), type(exc).__name__
-        raise
-    finally:
-        event = summary.fields()
-        live.end(request, event)
-        log.info("request", ms=round((time.perf_counter() - started) * 1000, 1), **event)
-        structlog.contextvars.clear_contextvars()
+    with live.watched(request, request_id, runtime.name, kind, routed.body, routed.tenant, summary.fields):
+        try:
+            admitted = await admit(routed, request_id)
+            if isinstance(admitted, Admitted):
+                summary.mode = SPECULATIVE
+                response, outcome, stats = await serve_speculatively(request, runtime, admitted, request_id, started,
+                                                                     {MODE_HEADER: SPECULATIVE})
+                summary.prompt_tokens, summary.completion_tokens = outcome.prompt_tokens, outcome.completion_tokens
+                summary.finish_reason, summary.stats = outcome.finish_reason, stats.as_dict()
+                summary.error = outcome.error  # a stream ended in-band: the status says 200, this says why it stopped
+            else:
+                summary.mode, summary.reason = PASSTHROUGH, admitted
+                meter = live.passthrough_meter(request)
+                response, summary.completion_tokens = await pass_through(
+                    request, runtime, upstream_body(routed.raw, routed.body, runtime.route), meter, started,
+                    {MODE_HEADER: PASSTHROUGH})
+            summary.status = response.status
+            request.app[METRICS].requests.labels(runtime.name, summary.mode).inc()
+            return response
+        except (asyncio.CancelledError, ClientConnectionResetError):  # gone mid-request, or mid-answer as written
+            summary.status, summary.error = 499, "client disconnected"  # nginx's code for it
+            raise
+        except Exception as exc:
+            summary.status, summary.error = getattr(exc, "status", 500), type(exc).__name__
+            raise
+        finally:
+            log.info("request", ms=round((time.perf_counter() - started) * 1000, 1), **summary.fields())
+            structlog.contextvars.clear_contextvars()
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

@@ -13,6 +13,8 @@ import asyncio
 import json
 import math
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib import resources
 from typing import Any
 
@@ -160,11 +162,20 @@ async def events(request: web.Request) -> web.StreamResponse:
 # -- what the generation handlers report ---------------------------------------------------------------
 
 
-def begin(request: web.Request, request_id: str, route: str, kind: str, body: dict[str, Any], tenant: str) -> None:
-    """A generation request was routed."""
+@contextmanager
+def watched(request: web.Request, request_id: str, route: str, kind: str, body: dict[str, Any], tenant: str,
+            outcome: Callable[[], dict[str, Any]]) -> Iterator[None]:
+    """Show a routed generation request while it is served; `outcome` is its log event once it is over (only the
+    outcome fields are shown)."""
     feed = request.app.get(LIVE)
     if feed is not None:
         request[TRACE] = feed.begin(request_id, route, kind, body, tenant=tenant)
+    try:
+        yield
+    finally:
+        if feed is not None and (trace := request.get(TRACE)) is not None:
+            summary = outcome()
+            feed.end(trace, _finite({k: summary[k] for k in OUTCOME_KEYS if k in summary}))
 
 
 def round_subscribers(app: web.Application, request_id: str, runtime: RouteRuntime) -> list[Subscriber]:
@@ -184,13 +195,6 @@ def passthrough_meter(request: web.Request) -> TokenMeter:
         return TokenMeter()
     feed.set_mode(trace, PASSTHROUGH)
     return LiveMeter(feed, trace)
-
-
-def end(request: web.Request, summary: dict[str, Any]) -> None:
-    """The request is over; `summary` is its log event (only outcome fields are shown)."""
-    feed, trace = request.app.get(LIVE), request.get(TRACE)
-    if feed is not None and trace is not None:
-        feed.end(trace, _finite({k: summary[k] for k in OUTCOME_KEYS if k in summary}))
 
 
 class LiveMeter(TokenMeter):

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from proxy.config.server import ServerConfig
 from proxy.errors import ForbiddenError
 from proxy.observability.live import EVERY_TENANT
+from proxy.wire.keys import tenant
 
 TOKEN_HEADER = "X-Speculoos-Live-Token"
 TOKEN_BYTES = 32  # of randomness in a generated token (43 URL-safe characters)
@@ -32,18 +33,11 @@ def admin_token(server: ServerConfig) -> tuple[str, bool]:
     return (configured, False) if configured is not None else (secrets.token_urlsafe(TOKEN_BYTES), True)
 
 
-def tenant_of(headers: Mapping[str, str]) -> str:
-    """A request's tenant, as the browser guard tells it."""
-    from proxy.server.guard import tenant  # here, not at the top: the guard imports the live page's paths
-
-    return tenant(headers)
-
-
 def reader(headers: Mapping[str, str], token: str) -> str | None:
     """Whose requests a reader sees: every tenant's (EVERY_TENANT) with the admin token, else its own key's."""
     given = headers.get(TOKEN_HEADER)
     if given is None:
-        return tenant_of(headers)
+        return tenant(headers)
     # Compared as bytes in constant time: a header may hold any character, and timing must not leak a prefix.
     if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode("utf-8", "surrogateescape")):
         raise ForbiddenError(f"wrong {TOKEN_HEADER}: the proxy printed the live page's URL with its token at start-up")

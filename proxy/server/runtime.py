@@ -130,9 +130,19 @@ RUNTIMES = web.AppKey("runtimes", dict)  # route name -> RouteRuntime
 METRICS = web.AppKey("metrics", Metrics)
 
 
+def route_of(request: web.Request, model: str | None) -> RouteRuntime | None:
+    """The runtime of the first route that takes a request for `model` on this path, if any."""
+    route = request.app[CONFIG].match(model, request.path)
+    return request.app[RUNTIMES][route.name] if route is not None else None
+
+
+def no_route(request: web.Request, model: str | None) -> NotFoundError:
+    """The 404 of a request no route takes."""
+    return NotFoundError(f"no route serves model {model!r} on {request.path}", param="model")
+
+
 def runtime_for(request: web.Request, model: str | None) -> RouteRuntime:
     """The runtime of the first route that takes this request, or a 404."""
-    route = request.app[CONFIG].match(model, request.path)
-    if route is None:
-        raise NotFoundError(f"no route serves model {model!r} on {request.path}", param="model")
-    return request.app[RUNTIMES][route.name]
+    if (runtime := route_of(request, model)) is None:
+        raise no_route(request, model)
+    return runtime

@@ -16,7 +16,7 @@ goes on past `<|im_end|>`; an id only the model's generation_config names ends t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,10 +100,3 @@ def target_stop_set(info: dict[str, Any], vocabulary: Vocabulary, seen_ending: I
                    "the draft's ends of generation without llama.cpp's own" + (", and the server's" if named else ""),
                    seen)
 
-
-def until_end(tokens: Sequence[int], is_end: Callable[[int], bool]) -> tuple[int, ...]:
-    """The tokens up to and including the first end of generation (a draft may run past it)."""
-    for position, token in enumerate(tokens):
-        if is_end(token):
-            return tuple(tokens[: position + 1])
-    return tuple(tokens)

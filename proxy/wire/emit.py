@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.errors import SpeculoosError
-from proxy.wire.errors import end_stream, stream_opened
+from proxy.wire.errors import end_stream, sse_stream, stream_opened
 from proxy.wire.request import CHAT, GenerationRequest
 from proxy.wire.response import SSE_HEADERS, sse_event
 from proxy.wire.shapers import ResponseShaper
@@ -110,25 +110,10 @@ async def write_generation(
     round still gets a proper HTTP error; any later failure goes in-band as an error event.
     """
     shape = ResponseShape(parsed.kind, parsed.model, include_usage=parsed.stream and parsed.include_usage)
-    response: web.StreamResponse | None = None
     try:
-        async for batch in token_batches:
-            taken = stream.completion_tokens
-            delta = stream.push(batch)
-            for shaper in shapers:  # the tokens the stream took (none past the end)
-                shaper.add(batch[: stream.completion_tokens - taken])
-            if parsed.stream:
-                if response is None:
-                    response = await _open_stream(request, shape, headers)
-                if delta.text or delta.finish_reason:
-                    await _write_chunk(response, shape, shapers, delta)
-            if delta.finish_reason:
-                break
-        else:
-            delta = stream.close()
-            if parsed.stream and response is not None:
-                await _write_chunk(response, shape, shapers, delta)
+        return await _write(request, parsed, token_batches, stream, prompt_tokens, shape, headers, shapers)
     except Exception as exc:
+        response = sse_stream(request)
         if response is None or isinstance(exc, ConnectionError):
             raise  # no byte out yet: a real HTTP error; or the client went away
         await end_stream(request, exc)
@@ -136,6 +121,29 @@ async def write_generation(
         return response, GenerationOutcome(stream.text, None, prompt_tokens, stream.completion_tokens, error)
     finally:
         await token_batches.aclose()  # type: ignore[attr-defined]
+
+
+async def _write(request: web.Request, parsed: GenerationRequest, token_batches: AsyncIterator[Sequence[int]],
+                 stream: TextStream, prompt_tokens: int, shape: ResponseShape, headers: dict[str, str] | None,
+                 shapers: Sequence[ResponseShaper]) -> tuple[web.StreamResponse, GenerationOutcome]:
+    """The answer: chunks as the batches come (a stream), or one body at their end."""
+    response: web.StreamResponse | None = None
+    async for batch in token_batches:
+        taken = stream.completion_tokens
+        delta = stream.push(batch)
+        for shaper in shapers:  # the tokens the stream took (none past the end)
+            shaper.add(batch[: stream.completion_tokens - taken])
+        if parsed.stream:
+            if response is None:
+                response = await _open_stream(request, shape, headers)
+            if delta.text or delta.finish_reason:
+                await _write_chunk(response, shape, shapers, delta)
+        if delta.finish_reason:
+            break
+    else:
+        delta = stream.close()
+        if parsed.stream and response is not None:
+            await _write_chunk(response, shape, shapers, delta)
     usage_obj = usage(prompt_tokens, stream.completion_tokens)
     outcome = GenerationOutcome(stream.text, stream.finish_reason, prompt_tokens, stream.completion_tokens)
     if not parsed.stream:

@@ -40,6 +40,11 @@ def stream_opened(request: web.Request, response: web.StreamResponse) -> None:
     request[SSE_STREAM] = response
 
 
+def sse_stream(request: web.Request) -> web.StreamResponse | None:
+    """The request's SSE response once its head is out, else None."""
+    return request.get(SSE_STREAM)
+
+
 async def end_stream(request: web.Request, exc: Exception | None = None) -> None:
     """End the request's open SSE stream: an error event for `exc` when given, then [DONE] (once)."""
     if request.get(SSE_ENDED):

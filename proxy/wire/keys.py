@@ -3,9 +3,11 @@ gateways take instead (Azure OpenAI, Anthropic-style gateways)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 
 KEY_HEADERS = ("authorization", "api-key", "x-api-key")  # lower case: header names are case-insensitive
+ANONYMOUS = ""  # the tenant of requests without a key
 
 
 def key_headers(headers: Mapping[str, str]) -> dict[str, str]:
@@ -26,3 +28,12 @@ def client_key(headers: Mapping[str, str]) -> str | None:
             scheme, _, credentials = value.partition(" ")
             return credentials.strip() if name == "authorization" and scheme.lower() == "bearer" else value
     return None
+
+
+def tenant(headers: Mapping[str, str]) -> str:
+    """Whose outputs a request may draft from: a digest of the client's key in any header a key travels in (never
+    the key), or ANONYMOUS."""
+    key = client_key(headers)
+    if key is None:
+        return ANONYMOUS
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:32]

@@ -12,8 +12,7 @@ import pytest
 from proxy.control.policy import PinnedPolicy
 from proxy.decode.decision import Decision, Measure, Speculate
 from proxy.decode.events import PlainEvent, SwitchEvent
-from proxy.decode.loop import FIRST_CHUNK
-from proxy.decode.plain import PLAIN_CHUNK
+from proxy.decode.loop import FIRST_CHUNK, PLAIN_CHUNK
 from proxy.drafting.base import Draft
 from proxy.errors import UpstreamError
 from proxy.sampling.processors import SamplingParams, one_hot

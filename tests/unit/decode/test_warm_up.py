@@ -10,8 +10,7 @@ from proxy.control.costs import RouteCosts
 from proxy.control.policy import Choice, PinnedPolicy, RequestPolicy
 from proxy.decode.decision import Decision, Plain, Speculate
 from proxy.decode.events import PlainEvent, ReadEvent, SwitchEvent
-from proxy.decode.loop import FIRST_CHUNK, START_CHUNK
-from proxy.decode.plain import PLAIN_CHUNK
+from proxy.decode.loop import FIRST_CHUNK, PLAIN_CHUNK, START_CHUNK
 from proxy.sampling.processors import SamplingParams
 from tests.fakes.drafter import ScriptedDrafter
 from tests.fakes.toy_model import END, ToyModel

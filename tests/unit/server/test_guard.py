@@ -6,7 +6,6 @@ records what reaches it.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,7 +17,6 @@ from aiohttp.test_utils import TestServer
 from proxy.config.load import parse_config
 from proxy.config.schema import ServerConfig
 from proxy.server.app import create_app
-from proxy.server.guard import ANONYMOUS, tenant
 from proxy.server.live import PAGE_PATH
 from proxy.wire.browsers import host_allowed, origin_allowed
 
@@ -70,21 +68,6 @@ def test_host_rules(host: str | None, bind: str, allowed_hosts: tuple[str, ...],
 def test_origin_rules(origin: str | None, host: str, allowed_origins: tuple[str, ...], allowed: bool) -> None:
     server = ServerConfig(allowed_origins=allowed_origins)
     assert origin_allowed(origin, host, server) is allowed
-
-
-@pytest.mark.parametrize(("headers", "expected"), [
-    ({}, ANONYMOUS),
-    ({"Authorization": ""}, ANONYMOUS),
-    ({"Authorization": "Bearer sk-a"}, hashlib.sha256(b"sk-a").hexdigest()[:32]),
-    ({"Authorization": "bearer  sk-a "}, hashlib.sha256(b"sk-a").hexdigest()[:32]),  # the same key
-    ({"Authorization": "Basic dXNlcjpwdw=="}, hashlib.sha256(b"Basic dXNlcjpwdw==").hexdigest()[:32]),
-    ({"api-key": "sk-a"}, hashlib.sha256(b"sk-a").hexdigest()[:32]),  # Azure OpenAI's header: the same tenant
-    ({"X-Api-Key": " sk-a"}, hashlib.sha256(b"sk-a").hexdigest()[:32]),  # gateways' header, in any case
-    ({"x-api-key": "sk-b", "Authorization": "Bearer sk-a"}, hashlib.sha256(b"sk-a").hexdigest()[:32]),
-])
-def test_the_tenant_is_a_digest_of_the_key(headers: dict[str, str], expected: str) -> None:
-    assert tenant(headers) == expected
-    assert "sk-a" not in tenant(headers)
 
 
 def upstream_app() -> web.Application:

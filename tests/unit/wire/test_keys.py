@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from proxy.targets.upstream import Timeouts, Upstream
-from proxy.wire.keys import client_key, key_headers, without_keys
+from proxy.wire.keys import ANONYMOUS, client_key, key_headers, tenant, without_keys
 
 ROUTE = {"Authorization": "Bearer sk-route"}
 
@@ -47,3 +49,18 @@ async def test_the_upstream_gets_the_routes_key_unless_the_route_forwards_the_cl
         assert upstream.auth_headers({"Accept": "*/*", **sent}) == expected
     finally:
         await upstream.close()
+
+
+@pytest.mark.parametrize(("headers", "expected"), [
+    ({}, ANONYMOUS),
+    ({"Authorization": ""}, ANONYMOUS),
+    ({"Authorization": "Bearer sk-a"}, hashlib.sha256(b"sk-a").hexdigest()[:32]),
+    ({"Authorization": "bearer  sk-a "}, hashlib.sha256(b"sk-a").hexdigest()[:32]),  # the same key
+    ({"Authorization": "Basic dXNlcjpwdw=="}, hashlib.sha256(b"Basic dXNlcjpwdw==").hexdigest()[:32]),
+    ({"api-key": "sk-a"}, hashlib.sha256(b"sk-a").hexdigest()[:32]),  # Azure OpenAI's header: the same tenant
+    ({"X-Api-Key": " sk-a"}, hashlib.sha256(b"sk-a").hexdigest()[:32]),  # gateways' header, in any case
+    ({"x-api-key": "sk-b", "Authorization": "Bearer sk-a"}, hashlib.sha256(b"sk-a").hexdigest()[:32]),
+])
+def test_the_tenant_is_a_digest_of_the_key(headers: dict[str, str], expected: str) -> None:
+    assert tenant(headers) == expected
+    assert "sk-a" not in tenant(headers)
