@@ -56,7 +56,7 @@ async def route_request(request: web.Request, kind: str, raw: bytes) -> Routed:
     """The request parsed and routed (a 400 or 404 if it cannot be): sampled as its server would sample it, with the
     server's defaults in the fields it left out; a body the proxy refuses goes untouched where its route would
     forward it as it is anyway."""
-    client_headers, drafts_for = key_headers(request.headers) or None, tenant(request.headers)
+    client_headers, client_tenant = key_headers(request.headers) or None, tenant(request.headers)
     body = await parse_body(raw)
     model = body.get("model") if isinstance(body, dict) else None
     runtime = route_of(request, model) if isinstance(model, str) else None
@@ -67,13 +67,13 @@ async def route_request(request: web.Request, kind: str, raw: bytes) -> Routed:
         if runtime is None or (runtime.speculates and runtime.route.speculation.enabled
                                and not request_control(request.headers, body).off):
             raise
-        return Routed(runtime, raw, body, None, None, drafts_for, client_headers)
+        return Routed(runtime, raw, body, None, None, client_tenant, client_headers)
     control = request_control(request.headers, body)
     if runtime is None:
         raise no_route(request, parsed.model)
     if runtime.target is not None:
         parsed = runtime.target.with_defaults(parsed)
-    return Routed(runtime, raw, body, parsed, control, drafts_for, client_headers)
+    return Routed(runtime, raw, body, parsed, control, client_tenant, client_headers)
 
 
 async def admit(routed: Routed, request_id: str) -> Admitted | str:
