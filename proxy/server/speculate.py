@@ -80,14 +80,14 @@ def _session(app: web.Application, runtime: RouteRuntime, admitted: Admitted, re
     # Only rounds the route's controller chose teach it: a client forcing or pinning K would steer everyone's mode.
     publish = Publisher([policy.observe, stats, *([controller.observe] if chosen else []),
                          RouteMetrics(app[METRICS], runtime.name, controller), SwitchLog(log), *shown])
-    verdict = runtime.tokenizer  # where the target ends a generation, as the tokenizer check learned it
+    checked = runtime.tokenizer  # where the target ends a generation, as the tokenizer check learned it
     return Session(request_id=request_id, route=runtime.name, prompt_ids=admitted.prompt_ids,
                    max_tokens=admitted.max_tokens, params=parsed.sampling_params, order=runtime.target.order,
                    top_n=spec.top_logprobs, policy=policy, random=RequestRandom.from_seed(parsed.seed),
                    publish=publish, client_headers=admitted.client_headers, max_tv=spec.max_tv,
                    lookup_k=control.pinned_k or runtime.route.draft.k_max, pipeline=pipelined, warm_up=warm_up,
                    model=upstream_model(runtime, parsed),
-                   ends=verdict.stop.is_end if verdict is not None and verdict.stop is not None else None)
+                   ends=checked.stop.is_end if checked is not None and checked.stop is not None else None)
 
 
 class _Latency(ResponseShaper):
