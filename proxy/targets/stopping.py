@@ -99,4 +99,3 @@ def target_stop_set(info: dict[str, Any], vocabulary: Vocabulary, seen_ending: I
     return StopSet(draft_ends(vocabulary) | frozenset(named),
                    "the draft's ends of generation without llama.cpp's own" + (", and the server's" if named else ""),
                    seen)
-

@@ -155,7 +155,7 @@ async def _write(request: web.Request, parsed: GenerationRequest, token_batches:
         return web.json_response(body, headers=headers), outcome
     if response is None:  # the generator produced nothing at all: still a well-formed stream
         response = await _open_stream(request, shape, headers)
-        await _write_chunk(response, shape, shapers, stream.close(), always=True)
+        await _write_chunk(response, shape, shapers, stream.close())
     if parsed.include_usage:
         chunk = shape.usage_chunk(usage_obj)
         for shaper in shapers:
@@ -166,9 +166,9 @@ async def _write(request: web.Request, parsed: GenerationRequest, token_batches:
 
 
 async def _write_chunk(response: web.StreamResponse, shape: ResponseShape, shapers: Sequence[ResponseShaper],
-                       delta: Delta, *, always: bool = False) -> None:
+                       delta: Delta) -> None:
     """Send the chunk of `delta`, as the shapers leave it (one may hold it back: a tail that may begin a tool call)."""
     chunk = shape.chunk(delta.text, delta.finish_reason)
-    sends = [shaper.shape_chunk(chunk, delta.text, delta.finish_reason) for shaper in shapers]
-    if always or all(sends):
+    sends = [shaper.shape_chunk(chunk, delta.text, delta.finish_reason) for shaper in shapers]  # each one sees it
+    if all(sends):
         await response.write(sse_event(chunk))
