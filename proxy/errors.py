@@ -14,7 +14,7 @@
     └── UpstreamError (5xx: the server behind us failed)
         ├── UpstreamUnavailableError 502 (refused, reset, garbage)
         ├── UpstreamTimeoutError     504 (no bytes within the configured timeout)
-        └── UpstreamBusyError        503 (every pooled connection to it stayed busy)
+        └── UpstreamBusyError        503 (every pooled connection to it stayed busy; Retry-After)
 
 Library errors are translated where they happen; one middleware renders every error as
 OpenAI error JSON, so no traceback ever reaches a client.
@@ -31,6 +31,7 @@ class SpeculoosError(Exception):
     status = 500
     error_type = "internal_error"
     code: str | None = None
+    retry_after_s: int | None = None  # a 503 says when to come back: the OpenAI SDK waits that long before retrying
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -42,8 +43,8 @@ class SpeculoosError(Exception):
         return error_body(self.message, self.error_type, self.status, param=self.param, code=self.code)
 
     def headers(self) -> dict[str, str]:
-        """HTTP headers the error response carries besides its body."""
-        return {}
+        """HTTP headers the error response carries besides its body: Retry-After, in whole seconds, where set."""
+        return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
 
 
 class ClientError(SpeculoosError):
@@ -112,14 +113,7 @@ class OverloadedError(SpeculoosError):
     status = 503
     error_type = "server_error"
     code = "server_overloaded"
-
-    def __init__(self, message: str, *, retry_after_s: int) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-    def headers(self) -> dict[str, str]:
-        """Retry-After, in whole seconds."""
-        return {"Retry-After": str(self.retry_after_s)}
+    retry_after_s = 1  # requests finish in seconds: a client may try again soon
 
 
 class UpstreamError(SpeculoosError):
@@ -132,12 +126,15 @@ class UpstreamError(SpeculoosError):
 class UpstreamUnavailableError(UpstreamError):
     """Refused, reset or unreadable answer from the upstream."""
 
+    code = "upstream_unavailable"  # the codes tell a client which of the upstream's failures it met
+
 
 class UpstreamTimeoutError(UpstreamError):
     """The upstream sent nothing within the configured timeout."""
 
     status = 504
     error_type = "timeout"
+    code = "upstream_timeout"
 
 
 class UpstreamBusyError(UpstreamError):
@@ -145,6 +142,7 @@ class UpstreamBusyError(UpstreamError):
 
     status = 503
     code = "upstream_busy"
+    retry_after_s = 1  # a connection frees once a request ends
 
 
 def error_body(

@@ -60,19 +60,27 @@ async def serve(listen_host: str, listen_port: int, target_host: str, target_por
 def add_cli(commands: argparse._SubParsersAction) -> None:
     """Register the `relay` sub-command."""
     parser = commands.add_parser("relay", help="a TCP relay that adds round-trip delay (RTT emulation)")
-    parser.add_argument("--listen", default="127.0.0.1:9001", help="HOST:PORT to accept on")
-    parser.add_argument("--to", required=True, help="HOST:PORT of the upstream")
+    parser.add_argument("--listen", type=host_port, default="127.0.0.1:9001", help="HOST:PORT to accept on")
+    parser.add_argument("--to", type=host_port, required=True, help="HOST:PORT of the upstream")
     parser.add_argument("--rtt-ms", type=float, required=True, help="round-trip time to add, in milliseconds")
     parser.set_defaults(run=run)
 
 
+def host_port(text: str) -> tuple[str, int]:
+    """HOST:PORT as a host and a port number (an IPv6 host in brackets, as in a URL)."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
 def run(args: argparse.Namespace) -> int:
     """Relay until interrupted."""
-    listen_host, listen_port = args.listen.rsplit(":", 1)
-    target_host, target_port = args.to.rsplit(":", 1)
-    print(f"speculoos relay: {args.listen} -> {args.to} with {args.rtt_ms:g} ms RTT", flush=True)
+    (listen_host, listen_port), (target_host, target_port) = args.listen, args.to
+    print(f"speculoos relay: {listen_host}:{listen_port} -> {target_host}:{target_port} with {args.rtt_ms:g} ms RTT",
+          flush=True)
     try:
-        asyncio.run(serve(listen_host, int(listen_port), target_host, int(target_port), args.rtt_ms))
+        asyncio.run(serve(listen_host, listen_port, target_host, target_port, args.rtt_ms))
     except KeyboardInterrupt:
         return 0
     return 0

@@ -44,10 +44,10 @@ class RoundCost:
 class Curve:
     """Verification cost by K and the plain decoding cost per token."""
 
-    context: int
-    rounds: int
+    context: int  # tokens before the first round's drafts
+    rounds: int  # timed per K, each one token further on
     by_k: tuple[RoundCost, ...]
-    plain_ms_per_token: float
+    plain_ms_per_token: float  # the median of PLAIN_RUNS runs of PLAIN_TOKENS tokens
 
 
 async def _generate(session: aiohttp.ClientSession, url: str, ids: list[int], new: int, *,

@@ -118,7 +118,7 @@ async def _run_grid(grid: Grid, gguf: Path) -> list[Row]:
             route = draft_route(draft, str(gguf), fake_url, max(grid.streams), context_length, grid.ks)
             async with ProxyThread(route, clock) as proxy:
                 for configuration in configurations(grid, draft):
-                    prompt = prompts[configuration.context_tokens]
+                    prompt = prompts[configuration.prompt_size]
                     await warm_up(proxy.url, prompt, configuration)
                     result = await measure(proxy, prompt, configuration)
                     row = row_from(configuration, result, len(tokenize(prompt, True)))

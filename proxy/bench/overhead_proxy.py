@@ -5,52 +5,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from proxy.bench import overhead_stages as stages
 from proxy.config.schema import Config
-from proxy.decode.events import PlainEvent, Publisher, RoundEvent
+from proxy.decode.events import Publisher
+from proxy.observability.request_stats import RequestStats
 
 # The loop monitor's sleep: its lateness is the loop's lag (any hold longer than a tick delays a wake-up). At 5 ms
 # its wake-ups were most of a slow model round's "other" CPU.
 LOOP_TICK_S = 0.010
 
 
-@dataclass
-class Tally:
-    """What the rounds and plain chunks published while measuring (updated on the proxy thread only)."""
-
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    emitted: int = 0
-    draft_seconds: float = 0.0
-    plain_chunks: int = 0
-    plain_tokens: int = 0
-
-    def add(self, event: object) -> None:
-        """Count one published event."""
-        if isinstance(event, RoundEvent):
-            self.rounds += 1
-            self.drafted += len(event.drafted)
-            self.accepted += event.accepted
-            self.emitted += len(event.emitted)
-            self.draft_seconds += event.draft_seconds
-        elif isinstance(event, PlainEvent):
-            self.plain_chunks += 1
-            self.plain_tokens += len(event.tokens)
-
-
 class ProxyThread:
     """The proxy app served from a thread of its own, with its own loop; its CPU time is read inside that thread."""
 
     def __init__(self, config: Config, clock: stages.StageClock) -> None:
-        self.config, self.clock, self.tally = config, clock, Tally()
+        self.config, self.clock, self.tally = config, clock, RequestStats()
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="speculoos-proxy", daemon=True)
@@ -69,7 +45,7 @@ class ProxyThread:
         original = vars(Publisher)["__call__"]
 
         def counting(publisher: Publisher, event: Any) -> None:
-            tally.add(event)
+            tally(event)
             original(publisher, event)
 
         self._patches.enter_context(_attribute(Publisher, "__call__", counting))
@@ -123,10 +99,10 @@ class ProxyThread:
         self._lag, self._samples = 0.0, [(time.thread_time(), 0)]
         return time.thread_time()
 
-    async def end(self) -> tuple[float, dict[str, float], Tally, float, list[tuple[float, int]]]:
+    async def end(self) -> tuple[float, dict[str, float], RequestStats, float, list[tuple[float, int]]]:
         """The thread's CPU time now, and what was counted since begin()."""
         now = time.thread_time()
-        tally = Tally(**vars(self.tally))
+        tally = copy.copy(self.tally)
         return now, dict(self.clock.totals), tally, self._lag, [*self._samples, (now, tally.rounds)]
 
 

@@ -50,7 +50,8 @@ def row_from(configuration: Configuration, measurement: Measurement, context_tok
     return Row(
         draft=configuration.draft, temperature=configuration.temperature, k=configuration.k,
         streams=configuration.streams, context_tokens=context_tokens,
-        requests=configuration.requests * configuration.streams, rounds=tally.rounds, tokens=measurement.tokens,
+        requests=configuration.requests_per_stream * configuration.streams, rounds=tally.rounds,
+        tokens=measurement.tokens,
         drafted_per_round=_ratio(tally.drafted, tally.rounds), tokens_per_round=_ratio(tally.emitted, tally.rounds),
         alpha=_ratio(tally.accepted, tally.drafted), plain_tokens=tally.plain_tokens,
         cpu_ms_per_round=None if median is None else median * 1000, cpu_ms_p95=None if p95 is None else p95 * 1000,

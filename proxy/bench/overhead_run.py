@@ -15,10 +15,11 @@ import numpy as np
 from aiohttp import web
 
 from proxy.bench.client import BenchError
-from proxy.bench.overhead_proxy import ProxyThread, Tally
+from proxy.bench.overhead_proxy import ProxyThread
 from proxy.bench.overhead_target import SERVED_NAME, FakeState, fake_target_app
 from proxy.config.schema import Config
 from proxy.config.section import MAX_K
+from proxy.observability.request_stats import RequestStats
 
 SAMPLED_TOP_K = 20  # sampled requests send top_k within the route's top-20: exact on a stock SGLang
 TIMEOUT_S = 600.0
@@ -33,8 +34,8 @@ class Configuration:
     temperature: float
     k: int
     streams: int
-    context_tokens: int
-    requests: int
+    prompt_size: int  # the prompt's length asked for, in tokens (the row gives the length it came to)
+    requests_per_stream: int
     max_tokens: int
     pinned: bool = False  # each request pins K (the route's controller then neither decides nor learns)
 
@@ -46,7 +47,7 @@ class Measurement:
     cpu_seconds: float
     wall_seconds: float
     stage_seconds: dict[str, float]
-    tally: Tally
+    tally: RequestStats  # what the rounds and plain chunks published while measuring
     lag_seconds: float
     samples: list[tuple[float, int]] = field(default_factory=list)
     tokens: int = 0
@@ -147,7 +148,7 @@ async def measure(proxy: ProxyThread, prompt: str, configuration: Configuration)
     """Run the configuration's clients between two readings of the proxy thread's clock."""
     cpu_start = await proxy.call(proxy.begin())
     started = time.perf_counter()
-    tokens, errors = await _clients(proxy.url, prompt, configuration, configuration.requests)
+    tokens, errors = await _clients(proxy.url, prompt, configuration, configuration.requests_per_stream)
     wall = time.perf_counter() - started
     cpu_end, totals, tally, lag, samples = await proxy.call(proxy.end())
     if errors:

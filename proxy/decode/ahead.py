@@ -78,8 +78,9 @@ class DraftAhead:
 
 async def resolve(ahead: DraftAhead, draft: Draft, accepted: int, emitted: tuple[int, ...],
                   is_end: Callable[[int], bool]) -> bool:
-    """Whether the pre-draft continues what the round emitted (a hit); a miss is stopped."""
-    if accepted == len(draft) and len(emitted) == len(draft) + 1 and not is_end(emitted[-1]):
+    """Whether the pre-draft continues what the round's verification emitted (a hit: every draft accepted, no end of
+    generation among them, and the guess is the target's next token); a miss is stopped."""
+    if accepted == len(draft) and len(emitted) == len(draft) + 1 and not any(map(is_end, emitted)):
         return await ahead.guessed(emitted[-1])
     await ahead.cancel()  # a draft was rejected: what follows the all-accepted continuation is moot
     return False

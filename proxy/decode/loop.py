@@ -195,11 +195,11 @@ class _Rounds:
             verdict = await verification
         finally:
             verification.cancel()
-        emitted = _until_end(verdict.emitted[:remaining], self.is_end)
         hit = None
         if self.ahead is not None:
-            hit = await resolve(self.ahead, draft, verdict.accepted, emitted, self.is_end)
+            hit = await resolve(self.ahead, draft, verdict.accepted, verdict.emitted, self.is_end)
             self.ahead = self.ahead if hit else None
+        emitted = _until_end(verdict.emitted[:remaining], self.is_end)
         self.worst_tv = max(self.worst_tv, verdict.tv_bound)
         asked = plan.k if draft.source == Source.MODEL else plan.lookup_k
         session.publish(RoundEvent(

@@ -21,8 +21,6 @@ from proxy.errors import OverloadedError
 
 # A copy moves a whole cache stream; below this many shared tokens, evaluating them again is cheaper.
 MIN_COPIED_TOKENS = 16
-# What a refused caller is told to wait before trying again: about one generation's worth.
-RETRY_AFTER_S = 1
 
 
 @dataclass(frozen=True)
@@ -100,7 +98,7 @@ class SequencePool:
         lease = self.leases.acquire(context)
         if lease is None and self.max_waiting is not None and len(self._waiters) >= self.max_waiting:
             raise OverloadedError(f"all {len(self.leases)} sequences are busy and the queue of {self.max_waiting} "
-                                  "waiting requests is full; retry later", retry_after_s=RETRY_AFTER_S)
+                                  "waiting requests is full; retry later")
         while lease is None:
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)

@@ -12,7 +12,6 @@ from aiohttp import web
 from proxy.errors import OverloadedError, PayloadTooLargeError
 from proxy.wire.errors import Handler
 
-RETRY_AFTER_S = 1  # requests finish in seconds: a client may try again soon
 VALUE_BYTES = 64  # a small Python object (an empty list, a short string, an int) plus its slot in its container
 TEXT_BYTES = 5  # a byte of text: its own copy, and up to 4 bytes a character once a string holds one astral char
 
@@ -59,8 +58,7 @@ def in_flight_limit(limit: int, parsed_budget: int,
                     raise PayloadTooLargeError(f"the request body would take about {size >> 20} MiB once parsed, "
                                                f"more than server.{name} ({cap >> 20} MiB)")
             if holding.parsed_bytes + size > parsed_budget:
-                raise OverloadedError("the requests in flight hold their share of server.max_parsed_bytes",
-                                      retry_after_s=RETRY_AFTER_S)
+                raise OverloadedError("the requests in flight hold their share of server.max_parsed_bytes")
             holding.parsed_bytes += size
             reserved.append(size)
 
@@ -69,8 +67,7 @@ def in_flight_limit(limit: int, parsed_budget: int,
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if holding.requests >= limit:
-            raise OverloadedError(f"the proxy holds {limit} requests already (server.max_in_flight)",
-                                  retry_after_s=RETRY_AFTER_S)
+            raise OverloadedError(f"the proxy holds {limit} requests already (server.max_in_flight)")
         holding.requests += 1
         reserved: list[int] = []
         request[RESERVE] = reserver(reserved)

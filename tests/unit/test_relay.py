@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
+from proxy.__main__ import main
 from proxy.relay import serve
 from tests.support import free_port
 
@@ -40,3 +43,11 @@ async def test_relay_adds_the_round_trip_time() -> None:
         echo_server.close()
     assert relayed_data == direct_data == b"ping" * 100
     assert relayed - direct >= 0.19  # 100 ms each way; a relay that forgot the delay fails here
+
+
+@pytest.mark.parametrize("address", ["9001", "host:", ":9001", "host:port", "host:70000"])
+def test_an_address_that_is_not_host_port_is_a_usage_error(address: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["relay", "--to", address, "--rtt-ms", "5"])
+    assert exited.value.code == 2
+    assert f"{address!r} is not HOST:PORT" in capsys.readouterr().err

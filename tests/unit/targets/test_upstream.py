@@ -61,7 +61,7 @@ async def test_a_full_pool_says_so_instead_of_blaming_the_upstream(server: TestS
         await asyncio.sleep(0.2)  # the one connection is taken
         with pytest.raises(UpstreamBusyError) as raised:
             await upstream.post_json("/fast", {})
-        assert raised.value.status == 503
+        assert raised.value.status == 503 and raised.value.headers() == {"Retry-After": "1"}
         assert "no free connection" in raised.value.message
         assert "all 1 of the route's connections" in raised.value.message
         server.app[HOLD].set()
@@ -95,8 +95,9 @@ async def test_the_head_is_timed_by_first_byte_not_by_idle(server: TestServer, f
         if served:
             assert await upstream.post_json("/slow", {}) == ANSWER
         else:
-            with pytest.raises(UpstreamTimeoutError, match="sent nothing within 0.3 s"):
+            with pytest.raises(UpstreamTimeoutError, match="sent nothing within 0.3 s") as raised:
                 await upstream.post_json("/slow", {})
+            assert raised.value.to_body()["error"]["code"] == "upstream_timeout"
     finally:
         await upstream.close()
 
@@ -162,8 +163,9 @@ async def test_a_fresh_connection_closed_unanswered_is_not_sent_again() -> None:
     fake = ClosingServer(close_after=0)  # the server drops every request: nothing stale about it
     upstream = Upstream(await fake.start(), Timeouts())
     try:
-        with pytest.raises(UpstreamUnavailableError, match="ServerDisconnectedError"):
+        with pytest.raises(UpstreamUnavailableError, match="ServerDisconnectedError") as raised:
             await upstream.post_json("/generate", {})
+        assert raised.value.to_body()["error"]["code"] == "upstream_unavailable"
         assert (fake.connections, fake.requests) == (1, 1)
     finally:
         await upstream.close()

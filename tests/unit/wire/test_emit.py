@@ -129,7 +129,7 @@ STREAM = {"model": "toy", "prompt": "hi", "max_tokens": 8, "stream": True}
 IN_BAND = [
     # (path, the error event's type, its code, its message)
     ("/bug-mid-stream", "internal_error", 500, INTERNAL_MESSAGE),
-    ("/upstream-mid-stream", "upstream_error", 502, "upstream answer rejected: x"),
+    ("/upstream-mid-stream", "upstream_error", "upstream_unavailable", "upstream answer rejected: x"),
     ("/bug-in-the-usage-chunk", "internal_error", 500, INTERNAL_MESSAGE),
 ]
 
