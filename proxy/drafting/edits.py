@@ -15,19 +15,14 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from proxy.drafting.suffix import MAX_MATCH, match_lengths
-
 MIN_ANCHOR = 2  # matching tokens on each side of a replacement for it to count as a change
 MAX_REMOVED, MAX_INSERTED = 8, 16  # longer replacements are rewrites, not changes that repeat
-# The alignment runs every round, on the event loop, in pure Python, at a cost that grows with both lengths:
-# the output's latest tokens are aligned with the stretch of the prompt they copy (with room for what they left
-# out), which bounds a round's alignment (tens of milliseconds at most) however long the prompt and the output.
-# A change the output made before them is forgotten; one that repeats is made again within them.
+# An alignment runs on the event loop, in pure Python. The prompt is indexed once a request (difflib's index of
+# its second sequence) and each round aligns only the output's new tokens and the LOOKBACK before them (a change
+# they finish began within them), so a round's work does not grow with the output; at most MAX_ALIGNED_OUTPUT
+# tokens at once (one call with a whole output: the latest ones).
 MAX_ALIGNED_OUTPUT = 2048
-MAX_ALIGNED_PROMPT = 4 * MAX_ALIGNED_OUTPUT
-PROBES = 4  # places in the aligned output whose match in a longer prompt says which stretch it copies
+LOOKBACK = 4 * (2 * MIN_ANCHOR + MAX_INSERTED)
 
 
 @dataclass(frozen=True)
@@ -38,37 +33,69 @@ class Edit:
     inserted: tuple[int, ...]
 
 
+Replacements = dict[tuple[int, ...], tuple[int, ...]]  # removed -> inserted
+
+
 def learn_edits(prompt: Sequence[int], output: Sequence[int]) -> list[Edit]:
-    """The output's finished replacements of prompt text (one per removed text, the latest), longest removed first."""
-    output = output[-MAX_ALIGNED_OUTPUT:]
-    prompt = _copied_stretch(prompt, output)
-    # difflib's junk heuristic (tokens frequent in a long output, such as indentation, only extend a
-    # match) keeps this to milliseconds for thousands of tokens, where an exhaustive alignment takes tenths.
-    matcher = difflib.SequenceMatcher(None, list(prompt), list(output))
-    opcodes = matcher.get_opcodes()
-    latest: dict[tuple[int, ...], tuple[int, ...]] = {}
-    for before, (tag, p0, p1, o0, o1), after in zip(opcodes, opcodes[1:], opcodes[2:]):
-        anchored = (before[0] == after[0] == "equal" and before[2] - before[1] >= MIN_ANCHOR
-                    and after[2] - after[1] >= MIN_ANCHOR)
-        if tag == "replace" and anchored and p1 - p0 <= MAX_REMOVED and o1 - o0 <= MAX_INSERTED:
-            latest[tuple(prompt[p0:p1])] = tuple(output[o0:o1])
-    return sorted((Edit(removed, inserted) for removed, inserted in latest.items()), key=lambda e: -len(e.removed))
+    """The output's finished replacements of prompt text (one per removed text, the latest), longest removed first,
+    from one alignment of its latest MAX_ALIGNED_OUTPUT tokens."""
+    return OutputEdits(prompt).learn(output)
 
 
-def _copied_stretch(prompt: Sequence[int], output: Sequence[int]) -> Sequence[int]:
-    """The MAX_ALIGNED_PROMPT prompt tokens centred on the stretch the output copies (all of a shorter prompt)."""
-    if len(prompt) <= MAX_ALIGNED_PROMPT:
-        return prompt
-    corpus = np.asarray(prompt, dtype=np.int64)
-    longest, offset = 0, len(prompt) - len(output)  # prompt position minus output position (no match: the end)
-    for end in sorted({len(output) * probe // PROBES for probe in range(1, PROBES + 1)} - {0}):
-        ends, lengths = match_lengths(corpus, np.asarray(output[max(0, end - MAX_MATCH):end], dtype=np.int64),
-                                      MAX_MATCH)
-        if lengths.size and lengths.max() >= longest:  # the longest match wins, the latest among equals
-            longest = int(lengths.max())
-            offset = int(ends[np.flatnonzero(lengths == longest)[-1]]) - (end - 1)
-    start = min(max(0, offset + len(output) // 2 - MAX_ALIGNED_PROMPT // 2), len(prompt) - MAX_ALIGNED_PROMPT)
-    return prompt[start:start + MAX_ALIGNED_PROMPT]
+class OutputEdits:
+    """One request's changes to its prompt, learned as its output grows: each call aligns only the tokens written
+    since the last one (and the LOOKBACK before them). An output that does not extend the last one (a
+    draft-ahead's guess that was not kept) goes on from the call before."""
+
+    def __init__(self, prompt: Sequence[int]) -> None:
+        self._prompt = list(prompt)
+        self._matcher: difflib.SequenceMatcher | None = None  # the prompt's index, made at the first alignment
+        self._last = _Learned((), {})
+        self._before = self._last  # what the call before the last one knew
+
+    def learn(self, output: Sequence[int]) -> list[Edit]:
+        """The changes of the output so far."""
+        if not _extends(output, self._last.output):
+            self._last = self._before if _extends(output, self._before.output) else _Learned((), {})
+        if len(output) > len(self._last.output):
+            start = max(len(self._last.output) - LOOKBACK, len(output) - MAX_ALIGNED_OUTPUT, 0)
+            latest = {**self._last.latest, **self._replacements(output[start:])}  # a later change wins
+            self._before, self._last = self._last, _Learned(tuple(output), latest)
+        return self._last.edits
+
+    def _replacements(self, output: Sequence[int]) -> Replacements:
+        """The finished replacements in one alignment of `output` with the prompt, the latest of each removed text."""
+        if self._matcher is None:
+            # difflib's junk heuristic (tokens frequent in a long prompt, such as indentation, only extend a
+            # match) keeps an alignment to milliseconds for thousands of tokens.
+            self._matcher = difflib.SequenceMatcher(None, b=self._prompt)
+        self._matcher.set_seq1(list(output))
+        opcodes = self._matcher.get_opcodes()
+        latest: Replacements = {}
+        for before, (tag, o0, o1, p0, p1), after in zip(opcodes, opcodes[1:], opcodes[2:]):
+            anchored = (before[0] == after[0] == "equal" and before[2] - before[1] >= MIN_ANCHOR
+                        and after[2] - after[1] >= MIN_ANCHOR)
+            if tag == "replace" and anchored and p1 - p0 <= MAX_REMOVED and o1 - o0 <= MAX_INSERTED:
+                latest[tuple(self._prompt[p0:p1])] = tuple(output[o0:o1])
+        return latest
+
+
+@dataclass(frozen=True)
+class _Learned:
+    """An output and the changes it made (one per removed text, the latest)."""
+
+    output: tuple[int, ...]
+    latest: Replacements
+
+    @property
+    def edits(self) -> list[Edit]:
+        """Longest removed text first."""
+        return sorted((Edit(removed, inserted) for removed, inserted in self.latest.items()),
+                      key=lambda e: -len(e.removed))
+
+
+def _extends(output: Sequence[int], known: tuple[int, ...]) -> bool:
+    return len(output) >= len(known) and tuple(output[:len(known)]) == known
 
 
 def _replace_all(tokens: Sequence[int], pairs: Sequence[tuple[tuple[int, ...], tuple[int, ...]]]

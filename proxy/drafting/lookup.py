@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 
 from proxy.drafting.base import Draft, Drafter, DraftPlan, InFront, Source
-from proxy.drafting.edits import Edit, in_prompt_words, learn_edits, replay
+from proxy.drafting.edits import OutputEdits, in_prompt_words, replay
 from proxy.drafting.suffix import MAX_MATCH, Continuation, LookupSettings, OutputHistory, ScopedHistory, continuations
 from proxy.sampling.draft_rows import DraftRows
 
@@ -79,6 +79,17 @@ class LookupDrafter:
 ROUTE_SCOPE = "route"  # the one history scope of a route that shares its outputs across tenants
 
 
+class _Reserved:
+    """What a suffix drafter keeps of one request: its prompt, whose history it reads and joins, the latest context
+    it drafted after, and its output's changes to the prompt."""
+
+    def __init__(self, prompt: Sequence[int], scope: str) -> None:
+        self.prompt = np.asarray(prompt, dtype=np.int64)
+        self.scope = scope
+        self.context = prompt
+        self.edits = OutputEdits(prompt)
+
+
 class SuffixDrafter(LookupDrafter):
     """Suffix lookup over the request's own context and, unless kept apart, recent outputs of the same tenant
     (or, `per_tenant` off, of the whole route); where the output copies its prompt with changes, the prompt's
@@ -90,32 +101,28 @@ class SuffixDrafter(LookupDrafter):
         self.settings = settings
         self.history = ScopedHistory(history_tokens) if history_tokens > 0 else None
         self.per_tenant = per_tenant
-        # request id -> (prompt length, latest context, history scope)
-        self._requests: dict[str, tuple[int, Sequence[int], str]] = {}
-        self._edits: dict[str, tuple[int, list[Edit]]] = {}  # request id -> (context length, its output's edits)
+        self._requests: dict[str, _Reserved] = {}
 
     def reserve(self, request_id: str, context: Sequence[int], *, tenant: str = "") -> bool:
-        """Remember where the prompt ends and whose history the request reads and joins."""
-        self._requests[request_id] = (len(context), context, tenant if self.per_tenant else ROUTE_SCOPE)
+        """Remember the prompt and whose history the request reads and joins."""
+        self._requests[request_id] = _Reserved(context, tenant if self.per_tenant else ROUTE_SCOPE)
         return True
 
     def release(self, request_id: str) -> None:
         """Add the request's output to its scope's history."""
-        prompt_length, context, scope = self._requests.pop(request_id, (0, (), ""))
-        self._edits.pop(request_id, None)
-        if self.history is not None and context:
-            self.history.add(scope, list(context[prompt_length:]))
+        reserved = self._requests.pop(request_id, None)
+        if self.history is not None and reserved is not None:
+            self.history.add(reserved.scope, list(reserved.context[reserved.prompt.size:]))
 
     def _history(self, request_id: str) -> OutputHistory | None:
         """The outputs this request may draft from."""
         reserved = self._requests.get(request_id)
-        return None if self.history is None or reserved is None else self.history.get(reserved[2])
+        return None if self.history is None or reserved is None else self.history.get(reserved.scope)
 
     async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
         """The best path (trimmed to what is worth verifying) and its branches, one-hot; possibly nothing."""
-        if plan.request_id in self._requests:
-            prompt_length, _, scope = self._requests[plan.request_id]
-            self._requests[plan.request_id] = (prompt_length, context, scope)
+        if (reserved := self._requests.get(plan.request_id)) is not None:
+            reserved.context = context
         paths, declined = self.paths(context, plan)
         if not paths:
             return Draft((), DraftRows.one_hot((), self.vocabulary.n_vocab), Source.LOOKUP, declined=declined)
@@ -149,18 +156,14 @@ class SuffixDrafter(LookupDrafter):
     def _edited(self, context: Sequence[int], request_id: str, settings: LookupSettings) -> Continuation | None:
         """The prompt's continuation from where the output's copy of it stands, with the output's changes made;
         None while the output has made no change that could repeat."""
-        prompt_length = self._requests.get(request_id, (0, (), ""))[0]
-        if prompt_length == 0:
+        reserved = self._requests.get(request_id)
+        if reserved is None or not reserved.prompt.size:
             return None
-        known_length, edits = self._edits.get(request_id, (-1, []))
-        if known_length != len(context):
-            edits = learn_edits(context[:prompt_length], context[prompt_length:])
-            self._edits[request_id] = (len(context), edits)
+        edits = reserved.edits.learn(context[reserved.prompt.size:])
         if not edits:
             return None
         tail, unfinished = in_prompt_words(context[-MAX_MATCH:], edits)
-        prompt = np.asarray(context[:prompt_length], dtype=np.int64)
-        found = continuations(prompt, np.asarray(tail, dtype=np.int64), replace(settings, candidates=1))
+        found = continuations(reserved.prompt, np.asarray(tail, dtype=np.int64), replace(settings, candidates=1))
         if not found:
             return None
         path = found[0]

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from proxy.drafting.edits import Edit, in_prompt_words, learn_edits, replay
+from proxy.drafting.edits import LOOKBACK, MAX_ALIGNED_OUTPUT, Edit, OutputEdits, in_prompt_words, learn_edits, replay
 from proxy.drafting.lookup import SuffixDrafter
 from proxy.drafting.suffix import LookupSettings
 from tests.fakes.drafter import ScriptedDrafter
@@ -90,14 +90,18 @@ def prompt_around(file: list[int], filler: int, where: str) -> list[int]:
 
 
 @pytest.fixture
-def aligned(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
-    """(prompt tokens, output tokens) of every alignment made."""
-    sizes: list[tuple[int, int]] = []
+def aligned(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The output tokens of every alignment made; -1 where the prompt was indexed."""
+    sizes: list[int] = []
 
     class Recorded(difflib.SequenceMatcher):
-        def __init__(self, isjunk, a, b, *args) -> None:
-            sizes.append((len(a), len(b)))
-            super().__init__(isjunk, a, b, *args)
+        def set_seq1(self, a) -> None:  # noqa: ANN001 -- difflib's own signature
+            sizes.append(len(a))
+            super().set_seq1(a)
+
+        def set_seq2(self, b) -> None:  # noqa: ANN001
+            sizes.append(-1)
+            super().set_seq2(b)
 
     monkeypatch.setattr(difflib, "SequenceMatcher", Recorded)
     return sizes
@@ -105,24 +109,34 @@ def aligned(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
 
 @pytest.mark.parametrize("where", ["first", "in the middle", "last"])
 @pytest.mark.parametrize(("file_length", "written"), [(1_000, 400), (6_000, 3_000), (12_000, 9_000)])
-def test_the_work_of_learning_changes_does_not_grow_with_the_prompt(aligned: list, where: str, file_length: int,
-                                                                     written: int) -> None:
+def test_a_change_is_learned_in_a_long_prompt_from_the_outputs_latest_tokens(aligned: list, where: str,
+                                                                            file_length: int, written: int) -> None:
     file = long_file(file_length)
     output = renamed(file)[:written]
     for filler in (20_000, 40_000):
         assert learn_edits(prompt_around(file, filler, where), output) == [Edit((FILE_OLD,), FILE_NEW)]
-    assert aligned[0] == aligned[1]  # the same alignment, whatever else the prompt holds
+    assert max(aligned) == min(written, MAX_ALIGNED_OUTPUT)
 
 
-@pytest.mark.parametrize("inside_a_change", [False, True], ids=["after a copied token", "inside a change"])
-def test_a_long_output_is_aligned_by_its_latest_tokens(aligned: list, inside_a_change: bool) -> None:
-    file = long_file(16_000)
-    for written in (6_000, 12_000):
-        output = renamed(file)[:written]
-        if inside_a_change:  # the output ends halfway through the name's new spelling
-            output = output[:len(output) - output[::-1].index(FILE_NEW[0])]
-        assert learn_edits(file, output) == [Edit((FILE_OLD,), FILE_NEW)]
-    assert aligned[0] == aligned[1]
+@pytest.mark.parametrize("step", [1, 7, 40])
+def test_each_round_aligns_only_what_the_output_added(aligned: list, step: int) -> None:
+    file = long_file(3_000)
+    output = renamed(file)[:2_500]
+    edits = OutputEdits(prompt_around(file, 10_000, "in the middle"))
+    for written in range(step, len(output) + 1, step):
+        learned = edits.learn(output[:written])
+    assert learned == [Edit((FILE_OLD,), FILE_NEW)]
+    assert aligned.count(-1) == 1  # the prompt indexed once
+    assert max(size for size in aligned if size >= 0) <= step + LOOKBACK
+
+
+def test_a_guess_that_was_not_kept_teaches_nothing() -> None:
+    edits = OutputEdits(PROMPT)
+    assert edits.learn(RENAMED[:4]) == []
+    guessed = [*RENAMED[:4], 6, 7, 8, 9, 23, 10, 11]  # a draft-ahead's continuation: OLD became 23
+    assert edits.learn(guessed) == [Edit((OLD,), (23,))]
+    assert edits.learn(RENAMED[:9]) == [Edit((OLD,), (NEW_1, NEW_2))]  # what the target wrote instead
+    assert edits.learn(PROMPT[3:9]) == []  # another output altogether: learned afresh
 
 
 async def test_a_path_through_a_long_prompt_makes_the_outputs_change_again() -> None:
