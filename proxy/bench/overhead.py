@@ -1,9 +1,9 @@
 """`speculoos bench overhead`: the proxy's own CPU time per speculative round, against a target that computes nothing.
 
-One process: the proxy (create_app, one sglang route) serves in a thread of its own with its own event
-loop, while a fake SGLang (overhead_target.py) and the clients share the main thread's loop. The proxy
-thread's CPU time (time.thread_time, read inside that thread) is then the proxy's alone: not the clients',
-not the fake's, not llama.cpp's threads (the draft model's compute, reported apart as the rounds' draft
+The proxy (create_app, one sglang route) serves in a thread of its own with its own event loop; a fake
+SGLang (overhead_target.py) and the clients run in a process of their own (overhead_load.py), so the
+proxy's thread shares the GIL with none of the bench's work. The proxy thread's CPU time (time.thread_time,
+read inside that thread) is then the proxy's alone: not the clients', not the fake's, not llama.cpp's threads (the draft model's compute, reported apart as the rounds' draft
 wall time). Each K has a route of its own (k_min = k_max = K) that measures its costs against a fake that
 sleeps a GPU's step, so its controller speculates at K as for any request it chose; the stage split times the
 proxy's own functions, patched only while the bench runs (overhead_stages.py).
@@ -19,12 +19,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from proxy.bench import overhead_load
 from proxy.bench import overhead_stages as stages
 from proxy.bench.client import BenchError
 from proxy.bench.command import guarded, model_path, numbers
 from proxy.bench.overhead_proxy import ProxyThread
 from proxy.bench.overhead_report import Row, markdown, row_from
-from proxy.bench.overhead_run import Configuration, draft_route, measure, serve_fake, warm_up
+from proxy.bench.overhead_run import Configuration, draft_route, measure, warm_up
 from proxy.config.section import MAX_K
 
 DRAFT_KINDS = ("lookup", "model")
@@ -111,16 +112,15 @@ async def _run_grid(grid: Grid, gguf: Path) -> list[Row]:
     root = Path(__file__).resolve().parents[2]
     prompts = {c: code_prompt(tokenize, c, root) for c in grid.contexts}
     rows: list[Row] = []
-    async with serve_fake(grid.acceptance, vocabulary.n_vocab, tokenize, context_length,
-                          grid.step_ms / 1000.0) as fake_url:
+    async with overhead_load.started(str(gguf), grid.acceptance, context_length, grid.step_ms / 1000.0) as load:
         for draft in grid.drafts:
             clock = stages.StageClock()
-            route = draft_route(draft, str(gguf), fake_url, max(grid.streams), context_length, grid.ks)
+            route = draft_route(draft, str(gguf), load.url, max(grid.streams), context_length, grid.ks)
             async with ProxyThread(route, clock) as proxy:
                 for configuration in configurations(grid, draft):
                     prompt = prompts[configuration.prompt_size]
-                    await warm_up(proxy.url, prompt, configuration)
-                    result = await measure(proxy, prompt, configuration)
+                    await warm_up(load, proxy.url, prompt, configuration)
+                    result = await measure(proxy, load, prompt, configuration)
                     row = row_from(configuration, result, len(tokenize(prompt, True)))
                     print(markdown([row], header=not rows), flush=True)
                     rows.append(row)
@@ -140,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
     k_means = "K pinned by each request" if grid.pinned else "K the route's own (k_min = k_max = K, costs measured)"
     print(f"regime: fake SGLang spending {grid.step_ms:g} ms asleep a step (a verification, or a plain token), "
           f"acceptance {grid.acceptance:g} per draft position, top-20 over "
-          f"the draft's vocabulary, in this process's main thread with the clients; the proxy in a thread of its own; "
+          f"the draft's vocabulary, in a process of its own with the clients; the proxy in a thread of its own; "
           f"{grid.requests} streamed requests per stream, {grid.max_tokens} tokens each, "
           f"{k_means}; CPU is "
           f"the proxy thread's; \"other\" = {stages.OTHER_MEANS}", flush=True)

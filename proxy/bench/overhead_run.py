@@ -1,29 +1,20 @@
-"""`bench overhead`'s machinery: the fake target, the clients, one measurement (the proxy's thread: overhead_proxy)."""
+"""`bench overhead`'s configurations, their routes and one measurement (the proxy's thread: overhead_proxy; the
+fake target and the clients: overhead_load)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-import numpy as np
-from aiohttp import web
-
 from proxy.bench.client import BenchError
+from proxy.bench.overhead_load import Load
 from proxy.bench.overhead_proxy import ProxyThread
-from proxy.bench.overhead_target import SERVED_NAME, FakeState, fake_target_app
+from proxy.bench.overhead_target import SERVED_NAME
 from proxy.config.schema import Config
 from proxy.config.section import MAX_K
 from proxy.observability.request_stats import RequestStats
-
-SAMPLED_TOP_K = 20  # sampled requests send top_k within the route's top-20: exact on a stock SGLang
-TIMEOUT_S = 600.0
-SEED = 1234
 
 
 @dataclass(frozen=True)
@@ -38,6 +29,11 @@ class Configuration:
     requests_per_stream: int
     max_tokens: int
     pinned: bool = False  # each request pins K (the route's controller then neither decides nor learns)
+
+    @property
+    def route(self) -> str:
+        """The model name that reaches the route of its K."""
+        return route_model(self.k)
 
 
 @dataclass
@@ -79,76 +75,19 @@ def draft_route(draft: str, gguf: str, upstream: str, streams: int, context_leng
     return Config.model_validate({"server": {"port": 0}, "routes": routes})
 
 
-@contextlib.asynccontextmanager
-async def serve_fake(acceptance: float, vocab_size: int, tokenize: Callable[[str, bool], list[int]],
-                     context_length: int, step_seconds: float = 0.0) -> AsyncIterator[str]:
-    """The fake SGLang on a loopback port of this thread's loop; yields its URL."""
-    state = FakeState(acceptance, vocab_size, np.random.default_rng(SEED), tokenize, context_length, step_seconds)
-    runner = web.AppRunner(fake_target_app(state), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
-
-
-def request_body(prompt: str, configuration: Configuration, seed: int) -> dict[str, Any]:
-    """A streamed completion with the configuration's temperature."""
-    body: dict[str, Any] = {"model": route_model(configuration.k), "prompt": prompt,
-                            "max_tokens": configuration.max_tokens, "temperature": configuration.temperature,
-                            "stream": True, "stream_options": {"include_usage": True}, "seed": seed}
-    if configuration.temperature > 0:
-        body["top_k"] = SAMPLED_TOP_K
-    if configuration.pinned:
-        body["speculoos"] = {"k": configuration.k}
-    return body
-
-
-async def _send(session: aiohttp.ClientSession, url: str, prompt: str, configuration: Configuration,
-                seed: int) -> tuple[int, str | None]:
-    """One request: (completion tokens, error or None); a passthrough is an error here."""
-    async with session.post(url + "/v1/completions", json=request_body(prompt, configuration, seed)) as reply:
-        if reply.status != 200:
-            return 0, f"HTTP {reply.status}: {(await reply.text())[:200]}"
-        if reply.headers.get("X-Speculoos-Mode") != "speculative":
-            return 0, "the proxy passed the request through"
-        tokens = 0
-        async for line in reply.content:
-            if line.startswith(b"data: {"):
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
-                if "error" in chunk:
-                    return tokens, str(chunk["error"])[:200]
-        return tokens, None
-
-
-async def _clients(url: str, prompt: str, configuration: Configuration, requests: int) -> tuple[int, list[str]]:
-    """`streams` clients, each sending `requests` requests one after another."""
-    timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
-        async def client(index: int) -> list[tuple[int, str | None]]:
-            return [await _send(session, url, prompt, configuration, SEED + index * requests + n)
-                    for n in range(requests)]
-        results = await asyncio.gather(*(client(i) for i in range(configuration.streams)))
-    flat = [result for per_client in results for result in per_client]
-    return sum(tokens for tokens, _ in flat), [error for _, error in flat if error]
-
-
-async def warm_up(url: str, prompt: str, configuration: Configuration) -> None:
+async def warm_up(load: Load, url: str, prompt: str, configuration: Configuration) -> None:
     """One uncounted request, so first-call costs stay out of the figures."""
-    _, errors = await _clients(url, prompt, Configuration(**{**vars(configuration), "streams": 1}), 1)
+    _, errors = await load.clients(url, prompt, configuration, 1, 1)
     if errors:
         raise BenchError(f"warm-up request failed: {errors[0]}")
 
 
-async def measure(proxy: ProxyThread, prompt: str, configuration: Configuration) -> Measurement:
+async def measure(proxy: ProxyThread, load: Load, prompt: str, configuration: Configuration) -> Measurement:
     """Run the configuration's clients between two readings of the proxy thread's clock."""
     cpu_start = await proxy.call(proxy.begin())
     started = time.perf_counter()
-    tokens, errors = await _clients(proxy.url, prompt, configuration, configuration.requests_per_stream)
+    tokens, errors = await load.clients(proxy.url, prompt, configuration, configuration.streams,
+                                        configuration.requests_per_stream)
     wall = time.perf_counter() - started
     cpu_end, totals, tally, lag, samples = await proxy.call(proxy.end())
     if errors:

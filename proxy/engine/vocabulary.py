@@ -18,6 +18,10 @@ class LlamaVocabulary:
     def __init__(self, model: LlamaModel, metadata: dict[str, str]) -> None:
         self._model = model
         self.n_vocab: int = model.n_vocab()
+        # Looked up once per token: a call into llama.cpp releases the GIL, and with other threads busy the caller
+        # waits to get it back (per streamed token, the event loop's lag).
+        self._pieces: dict[int, bytes] = {}
+        self._ends: dict[int, bool] = {}
         self._chat_formatters = {
             flag: self._make_chat_formatter(metadata, add_generation_prompt=flag) for flag in (True, False)
         }
@@ -29,6 +33,11 @@ class LlamaVocabulary:
 
     def token_bytes(self, token: int) -> bytes:
         """The bytes a token renders to in output text (special tokens render as nothing)."""
+        if (piece := self._pieces.get(token)) is None:
+            piece = self._pieces[token] = self._piece(token)
+        return piece
+
+    def _piece(self, token: int) -> bytes:
         # llama.cpp looks the id up with std::vector::at: out of range it throws through ctypes and aborts the process.
         if not 0 <= token < self.n_vocab:
             raise ValueError(f"token id {token} is outside the vocabulary (0..{self.n_vocab - 1})")
@@ -42,7 +51,9 @@ class LlamaVocabulary:
 
     def is_end_of_generation(self, token: int) -> bool:
         """True for EOS and the template's end-of-turn tokens."""
-        return bool(llama_cpp.llama_vocab_is_eog(self._model.vocab, token))
+        if (end := self._ends.get(token)) is None:
+            end = self._ends[token] = bool(llama_cpp.llama_vocab_is_eog(self._model.vocab, token))
+        return end
 
     @functools.cached_property
     def end_of_generation_ids(self) -> frozenset[int]:

@@ -11,7 +11,7 @@ import pytest
 
 from proxy.bench import cli, overhead, overhead_stages
 from proxy.bench.client import BenchError
-from proxy.bench.overhead_run import request_body
+from proxy.bench.overhead_load import request_body
 from proxy.bench.overhead_target import FakeState, copy_next, plain_answer, verification_answer
 from proxy.targets.sglang import parse_verification
 
