@@ -2,10 +2,11 @@
 
 The proxy (create_app, one sglang route) serves in a thread of its own with its own event loop; a fake
 SGLang (overhead_target.py) and the clients run in a process of their own (overhead_load.py), so the
-proxy's thread shares the GIL with none of the bench's work. The proxy thread's CPU time (time.thread_time,
-read inside that thread) is then the proxy's alone: not the clients', not the fake's, not llama.cpp's threads (the draft model's compute, reported apart as the rounds' draft
-wall time). Each K has a route of its own (k_min = k_max = K) that measures its costs against a fake that
-sleeps a GPU's step, so its controller speculates at K as for any request it chose; the stage split times the
+proxy's thread shares the GIL with none of the bench's work. The proxy thread's CPU time
+(time.thread_time, read inside that thread) is then the proxy's alone: not the clients', not the fake's,
+not llama.cpp's threads (the draft model's compute, reported apart as the rounds' draft wall time).
+Each K has a route of its own (k_min = k_max = K) that measures its costs against a fake that sleeps a
+GPU's step, so its controller speculates at K as for any request it chose; the stage split times the
 proxy's own functions, patched only while the bench runs (overhead_stages.py).
 """
 

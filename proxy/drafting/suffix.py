@@ -90,6 +90,13 @@ def _walk(corpus: np.ndarray, ends: np.ndarray, cap: int, min_prob: float, prefi
             tokens += copied.tolist()
             probs += [prob] * copied.size
             break
+        if run := _agreed_run(corpus, positions, cap - len(tokens)):  # a stretch all occurrences copy alike
+            if prob < min_prob:
+                break
+            tokens += corpus[positions[0]:positions[0] + run].tolist()
+            probs += [prob] * run
+            positions = positions + run
+            continue
         following = corpus[positions]
         positions, following = positions[following != SEPARATOR], following[following != SEPARATOR]
         if not following.size:
@@ -118,6 +125,17 @@ def _walk(corpus: np.ndarray, ends: np.ndarray, cap: int, min_prob: float, prefi
         positions = positions[following == values[best]] + 1
     anchoring = (prefix.match_length, prefix.anchor) if prefix else ()
     return Continuation(tuple(tokens), tuple(probs), *anchoring), branches
+
+
+def _agreed_run(corpus: np.ndarray, positions: np.ndarray, limit: int) -> int:
+    """How many tokens, up to `limit`, every occurrence continues with alike, none at the corpus's end or at a
+    separator: taken at once rather than one step a token."""
+    span = min(limit, corpus.size - int(positions.max())) if positions.size else 0
+    if span <= 0:
+        return 0
+    ahead = corpus[positions[:, None] + np.arange(span)]  # [occurrences, span]
+    agreed = (ahead == ahead[0]).all(axis=0) & (ahead[0] != SEPARATOR)
+    return span if agreed.all() else int(agreed.argmin())
 
 
 def continuations(corpus: np.ndarray, query: np.ndarray, settings: LookupSettings) -> list[Continuation]:
