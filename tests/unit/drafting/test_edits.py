@@ -121,7 +121,7 @@ def test_a_change_is_learned_in_a_long_prompt_from_the_outputs_latest_tokens(ali
 @pytest.mark.parametrize("step", [1, 7, 40])
 def test_each_round_aligns_only_what_the_output_added(aligned: list, step: int) -> None:
     file = long_file(3_000)
-    output = renamed(file)[:2_500]
+    output = renamed(file)[:1_000]
     edits = OutputEdits(prompt_around(file, 10_000, "in the middle"))
     for written in range(step, len(output) + 1, step):
         learned = edits.learn(output[:written])
