@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests import support as http
+from tests.e2e.proxy_harness import log_events
 from tests.e2e.servers import SMOL, Process
 from tests.e2e.vllm_harness import MODEL, changed_model_folder, served_vllm, start_vllm_proxy
 
@@ -73,5 +74,7 @@ def test_chat_answers_pass_through_where_vllm_parses_their_reasoning(base_vllm: 
     assert direct.json()["usage"]["completion_tokens_details"] is not None  # the premise: it counts reasoning
     through = http.post_json(base_proxy.url + "/v1/chat/completions", body, {"X-Speculoos": "on"})
     assert through.headers.get("x-speculoos-mode") == "passthrough", base_proxy.log()[-3000:]
-    assert "the server parts reasoning from chat answers" in base_proxy.log()
+    reasons = [event["reason"] for event in log_events(base_proxy, lambda event: event.get("kind") == "chat",
+                                                        at_least=1)]  # the request's line follows its answer
+    assert any("the server parts reasoning from chat answers" in reason for reason in reasons), reasons
     assert through.json()["choices"][0]["message"] == direct.json()["choices"][0]["message"]
