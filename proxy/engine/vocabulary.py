@@ -21,7 +21,6 @@ class LlamaVocabulary:
         # Looked up once per token: a call into llama.cpp releases the GIL, and with other threads busy the caller
         # waits to get it back (per streamed token, the event loop's lag).
         self._pieces: dict[int, bytes] = {}
-        self._ends: dict[int, bool] = {}
         self._chat_formatters = {
             flag: self._make_chat_formatter(metadata, add_generation_prompt=flag) for flag in (True, False)
         }
@@ -51,14 +50,13 @@ class LlamaVocabulary:
 
     def is_end_of_generation(self, token: int) -> bool:
         """True for EOS and the template's end-of-turn tokens."""
-        if (end := self._ends.get(token)) is None:
-            end = self._ends[token] = bool(llama_cpp.llama_vocab_is_eog(self._model.vocab, token))
-        return end
+        return token in self.end_of_generation_ids
 
     @functools.cached_property
     def end_of_generation_ids(self) -> frozenset[int]:
         """Every id that ends a generation here (looked up once: a call per vocabulary entry)."""
-        return frozenset(token for token in range(self.n_vocab) if self.is_end_of_generation(token))
+        vocab = self._model.vocab
+        return frozenset(token for token in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, token))
 
     @functools.cached_property
     def llama_only_ends(self) -> frozenset[int]:

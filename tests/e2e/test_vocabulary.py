@@ -32,6 +32,7 @@ def test_a_tokens_bytes_and_end_are_looked_up_once(model_paths: dict[str, Path],
     text = b"".join(vocabulary.token_bytes(token) for token in [*tokens, *tokens])
     ends = [vocabulary.is_end_of_generation(token) for token in [*tokens, *tokens]]
     assert text == b"hello hello hello" * 2 and not any(ends)
-    assert calls == {"llama_token_to_piece": len(set(tokens)), "llama_vocab_is_eog": len(set(tokens))}
+    # Each token's bytes when first asked for; every id's end flag at the first question, none after.
+    assert calls == {"llama_token_to_piece": len(set(tokens)), "llama_vocab_is_eog": vocabulary.n_vocab}
     with pytest.raises(ValueError, match="outside the vocabulary"):  # still checked before llama.cpp sees it
         vocabulary.token_bytes(vocabulary.n_vocab)
