@@ -102,12 +102,9 @@ def code_prompt(tokenize, tokens: int, root: Path) -> str:  # noqa: ANN001 -- (t
 
 async def _run_grid(grid: Grid, gguf: Path) -> list[Row]:
     """Start the fake, then a proxy per draft kind, and measure each configuration."""
-    import llama_cpp  # llama.cpp only once the command runs
+    from proxy.engine.vocabulary import LlamaVocabulary  # llama.cpp only once the command runs
 
-    from proxy.engine.vocabulary import LlamaVocabulary
-
-    vocab_model = llama_cpp.Llama(str(gguf), vocab_only=True, verbose=False)
-    vocabulary = LlamaVocabulary(vocab_model._model, dict(vocab_model.metadata))
+    vocabulary = LlamaVocabulary.from_gguf(str(gguf))
     tokenize = lambda text, special: vocabulary.tokenize(text, add_special=special)  # noqa: E731
     context_length = max(grid.contexts) + grid.max_tokens + 4 * MAX_K + 256
     root = Path(__file__).resolve().parents[2]

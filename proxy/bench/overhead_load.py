@@ -75,12 +75,9 @@ async def _clients(url: str, prompt: str, configuration: Configuration, streams:
 
 
 async def _serve(conn: Connection, gguf: str, acceptance: float, context_length: int, step_seconds: float) -> None:
-    import llama_cpp  # in this process's own copy: the proxy's process has one too
+    from proxy.engine.vocabulary import LlamaVocabulary  # llama.cpp in this process's own copy
 
-    from proxy.engine.vocabulary import LlamaVocabulary
-
-    model = llama_cpp.Llama(gguf, vocab_only=True, verbose=False)
-    vocabulary = LlamaVocabulary(model._model, dict(model.metadata))
+    vocabulary = LlamaVocabulary.from_gguf(gguf)
     state = FakeState(acceptance, vocabulary.n_vocab, np.random.default_rng(SEED),
                       lambda text, special: vocabulary.tokenize(text, add_special=special), context_length,
                       step_seconds)

@@ -15,8 +15,9 @@ from proxy.errors import BadRequestError
 class LlamaVocabulary:
     """Tokenization with the model's own vocabulary and chat template (no context: safe beside decoding)."""
 
-    def __init__(self, model: LlamaModel, metadata: dict[str, str]) -> None:
+    def __init__(self, model: LlamaModel, metadata: dict[str, str], *, owner: object = None) -> None:
         self._model = model
+        self._owner = owner  # what keeps the model loaded, where nothing else does
         self.n_vocab: int = model.n_vocab()
         # Looked up once per token: a call into llama.cpp releases the GIL, and with other threads busy the caller
         # waits to get it back (per streamed token, the event loop's lag).
@@ -24,6 +25,12 @@ class LlamaVocabulary:
         self._chat_formatters = {
             flag: self._make_chat_formatter(metadata, add_generation_prompt=flag) for flag in (True, False)
         }
+
+    @classmethod
+    def from_gguf(cls, path: str) -> LlamaVocabulary:
+        """A GGUF file's vocabulary alone (its weights not loaded)."""
+        llama = llama_cpp.Llama(path, vocab_only=True, verbose=False)
+        return cls(llama._model, dict(llama.metadata), owner=llama)
 
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         """Token ids for text; special-token text (like <|im_start|>) is parsed as such."""

@@ -23,8 +23,7 @@ def counted(calls: Counter, name: str, function: Callable[..., Any]) -> Callable
 
 def test_a_tokens_bytes_and_end_are_looked_up_once(model_paths: dict[str, Path],
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    llama = llama_cpp.Llama(str(model_paths[SMOL]), vocab_only=True, verbose=False)
-    vocabulary = LlamaVocabulary(llama._model, dict(llama.metadata))
+    vocabulary = LlamaVocabulary.from_gguf(str(model_paths[SMOL]))
     calls: Counter = Counter()
     for name in ("llama_token_to_piece", "llama_vocab_is_eog"):
         monkeypatch.setattr(llama_cpp, name, counted(calls, name, getattr(llama_cpp, name)))
