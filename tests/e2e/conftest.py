@@ -34,6 +34,14 @@ def model_paths() -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def fetched(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of its own holding a verified SmolLM2, fetched once for the session."""
+    directory = tmp_path_factory.mktemp("models")
+    models.fetch(["smollm2-135m"], directory=directory, log=lambda message: None)  # quiet: tests read no log here
+    return directory
+
+
+@pytest.fixture(scope="session")
 def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where server logs go."""
     return tmp_path_factory.mktemp("logs")

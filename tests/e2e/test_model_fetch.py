@@ -54,14 +54,6 @@ class Recorder:
         return any(fragment in message for message in self.messages)
 
 
-@pytest.fixture(scope="module")
-def fetched(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory holding a verified SmolLM2, assembled once for the module."""
-    directory = tmp_path_factory.mktemp("models")
-    fetch(["smollm2-135m"], directory=directory, log=lambda message: None)  # quiet: tests read no log here
-    return directory
-
-
 def sha256_of(path: Path) -> str:
     """An independent hash of the file at `path`."""
     return hashlib.sha256(path.read_bytes()).hexdigest()

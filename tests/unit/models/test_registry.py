@@ -56,11 +56,10 @@ def test_models_dir(
     assert models_dir() == expected
 
 
-def test_resolve(fetched: Path, tmp_path: Path) -> None:
+def test_resolve_takes_an_existing_file_as_it_is(tmp_path: Path) -> None:
     some_file = tmp_path / "any.gguf"
     some_file.write_bytes(b"GGUF")
     assert resolve(str(some_file), directory=tmp_path) == some_file
-    assert resolve("smollm2-135m", directory=fetched) == fetched / SMOLLM2.filename
 
 
 @pytest.mark.parametrize(

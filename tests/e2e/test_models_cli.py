@@ -1,4 +1,4 @@
-"""Tests for proxy.models.cli: `speculoos models fetch|list|path` through a real parser."""
+"""Tests for proxy.models.cli: `speculoos models fetch|list|path` through a real parser, on a real fetch."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from proxy.models.cli import add_cli
-from proxy.models.registry import REGISTRY
+from proxy.models.registry import REGISTRY, resolve
 
 SMOLLM2 = REGISTRY["smollm2-135m"]
 
@@ -26,6 +26,10 @@ def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
 def test_cli_path(fetched: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_cli(["models", "path", "smollm2-135m", "--dir", str(fetched)], capsys)
     assert (code, out) == (0, f"{fetched / SMOLLM2.filename}\n")
+
+
+def test_a_fetched_model_resolves_by_name(fetched: Path) -> None:
+    assert resolve("smollm2-135m", directory=fetched) == fetched / SMOLLM2.filename
 
 
 def test_cli_fetch_prints_name_and_path(fetched: Path, capsys: pytest.CaptureFixture[str]) -> None:
