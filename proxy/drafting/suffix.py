@@ -165,11 +165,16 @@ def continuations(corpus: np.ndarray, query: np.ndarray, settings: LookupSetting
 
 
 class OutputHistory:
-    """Recent outputs as one corpus, bounded in tokens, least recently used dropped first."""
+    """Recent outputs as one corpus, bounded in tokens, least recently used dropped first.
+
+    The corpus keeps the order the outputs came in: using one changes only which is dropped first, so the
+    lookups that follow read the corpus already built (rebuilding it costs a pass over every output).
+    """
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens
-        self._outputs: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._outputs: dict[int, np.ndarray] = {}  # in the order they came
+        self._use_order: OrderedDict[int, None] = OrderedDict()  # least recently used first
         self._next_key = 0
         self._tokens = 0
         self._corpus: np.ndarray | None = None
@@ -185,24 +190,26 @@ class OutputHistory:
         """Remember an output (too-short ones teach nothing)."""
         if len(output) < 2:
             return
-        self._outputs[self._next_key] = np.asarray(output[-self.max_tokens:], dtype=np.int64)
-        self._tokens += self._outputs[self._next_key].size
-        self._next_key += 1
+        key, self._next_key = self._next_key, self._next_key + 1
+        self._outputs[key] = np.asarray(output[-self.max_tokens:], dtype=np.int64)
+        self._use_order[key] = None
+        self._tokens += self._outputs[key].size
         while self._tokens > self.max_tokens:
             self.drop_oldest()
         self._corpus = None
 
     def drop_oldest(self) -> int:
         """Forget the least recently used output; the tokens freed."""
-        if not self._outputs:
+        if not self._use_order:
             return 0
-        freed = self._outputs.popitem(last=False)[1].size
+        key, _ = self._use_order.popitem(last=False)
+        freed = self._outputs.pop(key).size
         self._tokens -= freed
         self._corpus = None
         return freed
 
     def corpus(self) -> np.ndarray:
-        """Every output, separated, oldest first (so later positions are more recent)."""
+        """Every output, separated, in the order they came (so later positions are more recent)."""
         if self._corpus is None:
             parts, starts, at = [], [], 0
             for output in self._outputs.values():
@@ -214,13 +221,12 @@ class OutputHistory:
         return self._corpus
 
     def touch(self, position: int) -> None:
-        """Mark the output holding a corpus position as used (it is dropped last)."""
+        """Mark the output holding a position of the current corpus as used (it is dropped last)."""
         if self._corpus is None or not self._keys:
             return
         key = self._keys[int(np.searchsorted(self._starts, position, side="right")) - 1]
-        if key in self._outputs:
-            self._outputs.move_to_end(key)
-            self._corpus = None
+        if key in self._use_order:
+            self._use_order.move_to_end(key)
 
 
 class ScopedHistory:

@@ -77,6 +77,15 @@ def test_history_is_bounded_and_drops_the_least_recently_used() -> None:
     assert 42 not in history.corpus().tolist()
 
 
+def test_using_an_output_keeps_the_corpus_built() -> None:
+    history = OutputHistory(max_tokens=100)
+    history.add([1, 2, 3, 4])
+    history.add([5, 6, 7, 8])
+    corpus = history.corpus()
+    history.touch(0)  # which output goes first changes; the corpus (and its order) does not
+    assert history.corpus() is corpus and corpus.tolist() == [1, 2, 3, 4, -1, 5, 6, 7, 8, -1]
+
+
 def test_matches_never_cross_from_one_output_into_the_next() -> None:
     history = OutputHistory(max_tokens=100)
     history.add([1, 2])
