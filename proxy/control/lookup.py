@@ -84,9 +84,14 @@ class LookupOdds:
         self.hits += right > 0
 
     def survival(self, n: int) -> np.ndarray:
-        """P(a path is right up to position j), j < n: this request's counts with the route's as the prior."""
+        """P(a path is right up to position j), j < n: this request's counts with the route's as the prior.
+
+        Each position is counted over the paths that reached it, so a deep position that no path has
+        reached yet would keep its optimistic prior behind a shallow one that failed; being right up to
+        j needs being right up to j − 1, so the curve never rises.
+        """
         prior = np.array([e.value if e.value is not None else 1.0 for e in self._costs.lookup_survival[:n]])
-        return (self.right[:n] + PRIOR_WEIGHT * prior) / (self.tried[:n] + PRIOR_WEIGHT)
+        return np.minimum.accumulate((self.right[:n] + PRIOR_WEIGHT * prior) / (self.tried[:n] + PRIOR_WEIGHT))
 
     def length(self, estimates: Sequence[float], competing_rate: float | None) -> int:
         """How many tokens of a path to verify (0: none), from its estimates and the survival so far."""

@@ -94,6 +94,20 @@ def test_a_request_learns_how_far_its_lookup_paths_hold() -> None:
     assert (policy.lookup.lookups, policy.lookup.hits) == (6, 6)
 
 
+def test_a_path_is_not_trusted_past_where_shorter_ones_broke() -> None:
+    costs = RouteCosts(0.1, 8)
+    for k, seconds in {1: 0.127, 4: 0.263, 8: 0.588, 32: 1.45}.items():  # model rounds: costs, no lookup survival
+        costs.record_round(played(k, k, 0.0, seconds))
+    costs.record_plain(tokens=20, seconds=20 * 0.076)
+    policy = RequestPolicy(costs, FallbackConfig(), 4, start=Choice(0, "model off"))
+    first = lookup_round(4, 1)  # the request's first path: its first token right, the next three wrong
+    costs.observe(first)
+    policy.observe(first)
+    survival = policy.lookup.survival(18)
+    assert survival[0] == 1.0 and survival[1:].max() == 0.0  # positions no path reached yet do not rise again
+    assert policy.lookup.length([1.0] * 18, costs.plain_rate) <= 1  # not 18 tokens at ~1 s on a sure-looking path
+
+
 def test_declined_paths_are_checked_against_what_the_target_produced() -> None:
     policy = RequestPolicy(measured(CPU), FallbackConfig(), 4, start=Choice(4, "configured"))
     for _ in range(6):
