@@ -138,19 +138,28 @@ def _agreed_run(corpus: np.ndarray, positions: np.ndarray, limit: int) -> int:
     return span if agreed.all() else int(agreed.argmin())
 
 
-def continuations(corpus: np.ndarray, query: np.ndarray, settings: LookupSettings) -> list[Continuation]:
-    """The best-scoring path after the query's tail in the corpus, then up to candidates − 1 branches off it."""
-    ends, lengths = match_lengths(corpus, query, MAX_MATCH)
-    keep = lengths >= settings.min_match
-    ends, lengths = ends[keep], lengths[keep]
+def _best_node(corpus: np.ndarray, ends: np.ndarray, lengths: np.ndarray,
+               settings: LookupSettings) -> tuple[Continuation, list] | None:
+    """The best-scoring walk from the nodes of the NODES_TRIED longest match lengths, with its branches."""
     best: tuple[Continuation, list] | None = None
     for length in np.unique(lengths)[::-1][:NODES_TRIED]:
         cap = min(settings.max_tokens, int(settings.factor * length))
+        if best is not None and best[0].score >= cap:
+            break  # a shorter match drafts at most `cap` tokens, none surer than 1: it cannot score higher
         node = ends[lengths >= length]
         path, branches = _walk(corpus, node, cap, settings.min_prob, branches_wanted=settings.candidates > 1)
         path = Continuation(path.tokens, path.probs, int(length), int(node.max()))
         if path.tokens and (best is None or path.score > best[0].score):
             best = (path, branches)
+    return best
+
+
+def continuations(corpus: np.ndarray, query: np.ndarray, settings: LookupSettings) -> list[Continuation]:
+    """The best-scoring path after the query's tail in the corpus, then up to candidates − 1 branches off it."""
+    ends, lengths = match_lengths(corpus, query, MAX_MATCH)
+    keep = lengths >= settings.min_match
+    ends, lengths = ends[keep], lengths[keep]
+    best = _best_node(corpus, ends, lengths, settings)
     if best is None:
         return []
     path, branches = best

@@ -49,6 +49,14 @@ def test_length_follows_the_match_length() -> None:
     assert len(best(corpus, settings=LookupSettings(max_tokens=4, factor=8.0))) == 4
 
 
+def test_a_shorter_match_whose_path_is_surer_still_wins() -> None:
+    # After (7, 8, 9) twice: 1 2 3 then 4 or 5 (3.5 expected); after (8, 9) six times: 1 2 3 then 4 five times in six.
+    corpus = [7, 8, 9, 1, 2, 3, 4, -1, 7, 8, 9, 1, 2, 3, 5, -1] + [0, 8, 9, 1, 2, 3, 4, -1] * 4
+    (path,) = continuations(np.array(corpus), np.array([7, 8, 9]), LookupSettings(max_tokens=4, factor=8.0))
+    assert (path.tokens, path.match_length) == ((1, 2, 3, 4), 2)
+    assert path.score == pytest.approx(3 + 5 / 6)
+
+
 def test_a_path_stops_where_its_probability_falls_below_min_prob() -> None:
     # After (1, 2): 3 every time; after (1, 2, 3): 4, 5, 6 or 7, each with probability 1/4.
     corpus = [1, 2, 3, 4, 10, 1, 2, 3, 5, 11, 1, 2, 3, 6, 12, 1, 2, 3, 7, 13, 1, 2]

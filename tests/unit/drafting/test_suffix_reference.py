@@ -1,4 +1,5 @@
-"""Suffix lookup's fast paths (matches compared in blocks, walks that copy) find exactly what the plain walk finds."""
+"""Suffix lookup's fast paths (matches compared in blocks, walks that copy, shorter matches skipped once they cannot
+win) find exactly what the plain walk finds."""
 
 from __future__ import annotations
 
@@ -60,6 +61,20 @@ def reference_walk(corpus: np.ndarray, ends: np.ndarray, cap: int, min_prob: flo
     return Continuation(tuple(tokens), tuple(probs), *anchoring), branches
 
 
+def reference_best_node(corpus: np.ndarray, ends: np.ndarray, lengths: np.ndarray,
+                        settings: LookupSettings) -> tuple[Continuation, list] | None:
+    """Every one of the NODES_TRIED longest match lengths walked, as the lookup first did."""
+    best = None
+    for length in np.unique(lengths)[::-1][:suffix.NODES_TRIED]:
+        node = ends[lengths >= length]
+        path, branches = suffix._walk(corpus, node, min(settings.max_tokens, int(settings.factor * length)),
+                                      settings.min_prob, branches_wanted=settings.candidates > 1)
+        path = Continuation(path.tokens, path.probs, int(length), int(node.max()))
+        if path.tokens and (best is None or path.score > best[0].score):
+            best = (path, branches)
+    return best
+
+
 def corpus_of(rng: np.random.Generator, alphabet: int, size: int) -> np.ndarray:
     """Random tokens with copied stretches (long matches) and a few separators."""
     tokens = list(rng.integers(0, alphabet, size))
@@ -96,6 +111,7 @@ def test_lookups_are_the_reference_lookups(alphabet: int, monkeypatch: pytest.Mo
         cases.append((corpus, query, settings, suffix.continuations(corpus, query, settings)))
     monkeypatch.setattr(suffix, "match_lengths", reference_match_lengths)
     monkeypatch.setattr(suffix, "_walk", reference_walk)
+    monkeypatch.setattr(suffix, "_best_node", reference_best_node)
     for corpus, query, settings, found in cases:
         assert found == suffix.continuations(corpus, query, settings)
 
