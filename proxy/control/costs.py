@@ -125,8 +125,9 @@ class RouteCosts:
         k, accepted = len(event.drafted), event.accepted
         if event.source != Source.MODEL:
             if (outcome := event.path_outcome) is not None:  # counted from where the path starts
-                path, right = outcome
-                self.lookup_alpha.add(right / path)
+                self.lookup_alpha.add(outcome[1] / outcome[0])
+            if (checked := event.path_checked) is not None:  # ... and past the cut, where the round's token tells
+                path, right = checked
                 for position in range(min(path, len(self.lookup_survival))):
                     self.lookup_survival[position].add(1.0 if position < right else 0.0)
         elif k > 0:

@@ -68,7 +68,7 @@ class LookupOdds:
     def observe(self, event: Event) -> None:
         """Verified lookup rounds, and declined paths against what the target produced instead."""
         if isinstance(event, RoundEvent) and event.source != Source.MODEL:
-            if (outcome := event.path_outcome) is not None:  # the path after the model's lead was compared
+            if (outcome := event.path_checked) is not None:  # the path after the model's lead was compared
                 self.lookups += 1
                 self._count(*outcome)
         elif isinstance(event, RoundEvent):

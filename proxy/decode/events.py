@@ -31,6 +31,7 @@ class RoundEvent:
     source: Source = Source.MODEL  # what drafted
     candidates: int = 1  # lookup paths verified together (drafted is the one followed)
     declined: tuple[int, ...] = ()  # a lookup path not verified this round (a model draft went instead)
+    beyond: int | None = None  # the followed path's next token, where the policy cut the path short
     led: int = 0  # drafted tokens the model sampled ahead of the source's path (a prediction rejoined after an edit)
     checked: bool = False  # the model read the path in one batched step before it was verified
     drafted_ahead: bool = False  # the draft was made while the previous round was verified (a draft-ahead hit)
@@ -56,6 +57,15 @@ class RoundEvent:
         """A lookup or prediction path's (tokens compared, tokens right), counted from where it starts after the
         model's lead; None for a model draft, or where the target rejected the lead before the path."""
         return None if self.source == Source.MODEL else path_after_lead(len(self.drafted), self.accepted, self.led)
+
+    @property
+    def path_checked(self) -> tuple[int, int] | None:
+        """path_outcome, and one position further where the policy cut a path that was then accepted whole: the
+        round's own token says whether the path's next one was right, which the path's length alone never tests."""
+        outcome = self.path_outcome
+        if outcome is None or self.beyond is None or outcome[1] < outcome[0] or len(self.emitted) <= len(self.drafted):
+            return outcome
+        return outcome[0] + 1, outcome[1] + (self.emitted[len(self.drafted)] == self.beyond)
 
     @property
     def draft_steps(self) -> int:

@@ -207,6 +207,7 @@ class _Rounds:
             accepted=verdict.accepted, emitted=emitted, draft_seconds=drafted_at - started,
             verify_seconds=time.perf_counter() - drafted_at, tv_bound=verdict.tv_bound, source=draft.source,
             candidates=1 + len(draft.alternatives), declined=draft.declined, led=draft.led, checked=draft.checked,
+            beyond=draft.beyond if verdict.followed == draft.tokens else None,
             drafted_ahead=ahead is not None,
             drafting_seconds_per_token=ahead.seconds_per_token if ahead else draft.seconds_per_token,
             ahead_hit=hit, context=len(self.context), prefill=session.at_prompt(self.context)))

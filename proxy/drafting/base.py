@@ -36,6 +36,7 @@ class Draft:
     source: Source = Source.MODEL
     alternatives: tuple[tuple[int, ...], ...] = ()  # more deterministic candidates, verified in the same round
     declined: tuple[int, ...] = ()  # a lookup path found but judged not worth verifying (the policy learns from it)
+    beyond: int | None = None  # the path's next token where the policy cut it short (the policy learns from it too)
     led: int = 0  # leading tokens the model sampled before a deterministic path took over (an edit, then the copy)
     checked: bool = False  # the model read the path in one batched step and cut it where it would write otherwise
     # The model's time per drafted token, its reading of context it had not seen left out (None: not timed,

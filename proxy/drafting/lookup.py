@@ -123,15 +123,17 @@ class SuffixDrafter(LookupDrafter):
         """The best path (trimmed to what is worth verifying) and its branches, one-hot; possibly nothing."""
         if (reserved := self._requests.get(plan.request_id)) is not None:
             reserved.context = context
-        paths, declined = self.paths(context, plan)
+        paths, declined, beyond = self.paths(context, plan)
         if not paths:
             return Draft((), DraftRows.one_hot((), self.vocabulary.n_vocab), Source.LOOKUP, declined=declined)
         best, *alternatives = paths
-        return Draft(best, DraftRows.one_hot(best, self.vocabulary.n_vocab), Source.LOOKUP, tuple(alternatives))
+        return Draft(best, DraftRows.one_hot(best, self.vocabulary.n_vocab), Source.LOOKUP, tuple(alternatives),
+                     beyond=beyond)
 
-    def paths(self, context: Sequence[int], plan: DraftPlan) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
-        """Lookup paths worth verifying, best first (the first from the better of context and history), and the
-        best path when it was found but not worth verifying."""
+    def paths(self, context: Sequence[int],
+              plan: DraftPlan) -> tuple[list[tuple[int, ...]], tuple[int, ...], int | None]:
+        """Lookup paths worth verifying, best first (the first from the better of context and history); the best
+        path when it was found but not worth verifying; and the best path's token after the part worth it."""
         settings = replace(self.settings, max_tokens=min(self.settings.max_tokens, plan.lookup_k or plan.k))
         query = np.asarray(context, dtype=np.int64)
         found = continuations(query, query, settings)
@@ -145,13 +147,16 @@ class SuffixDrafter(LookupDrafter):
         if edited is not None and (not found or edited.match_length >= found[0].match_length):
             found = [edited, *found][: settings.candidates]  # the copy with its changes; the plain path a branch
         paths: list[tuple[int, ...]] = []
+        beyond = None
         for path in found:
             length = plan.worth(path.probs) if plan.worth is not None else len(path.tokens)
             if length > 0 and path.tokens[:length] not in paths:
+                if not paths and length < len(path.tokens):
+                    beyond = path.tokens[length]
                 paths.append(path.tokens[:length])
             elif not paths:
-                return [], path.tokens  # the best path was not worth verifying: neither are its branches
-        return paths, ()
+                return [], path.tokens, None  # the best path was not worth verifying: neither are its branches
+        return paths, (), beyond
 
     def _edited(self, context: Sequence[int], request_id: str, settings: LookupSettings) -> Continuation | None:
         """The prompt's continuation from where the output's copy of it stands, with the output's changes made;

@@ -179,7 +179,7 @@ class PredictionDrafter(InFront):
         if may_check and found.source == Source.LOOKUP and len(found) > 1 and not found.alternatives:
             tokens = await self._checked(context, plan.request_id, found.tokens)  # a lookup path is cut the same way
             found = replace(found, tokens=tokens, probs=DraftRows.one_hot(tokens, self.vocabulary.n_vocab),
-                            checked=True)
+                            checked=True, beyond=found.beyond if tokens == found.tokens else None)
         return found if found.declined or not declined else replace(found, declined=declined)
 
     async def _copy(self, aligned: Alignment, context: Sequence[int], plan: DraftPlan, limit: int,

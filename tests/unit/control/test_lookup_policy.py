@@ -108,6 +108,38 @@ def test_a_path_is_not_trusted_past_where_shorter_ones_broke() -> None:
     assert policy.lookup.length([1.0] * 18, costs.plain_rate) <= 1  # not 18 tokens at ~1 s on a sure-looking path
 
 
+def cut_round(drafted: int, accepted: int, *, beyond: int | None, then: int, seconds: float = 0.03) -> RoundEvent:
+    """A lookup round on path 0, 1, 2, ... cut after `drafted` tokens; `then` is the target's own token."""
+    return RoundEvent(request_id="r", route="route", index=1, k=drafted, drafted=tuple(range(drafted)),
+                      accepted=accepted, emitted=(*range(accepted), then), draft_seconds=0.0,
+                      verify_seconds=seconds, source="lookup", beyond=beyond)
+
+
+def test_a_cut_path_accepted_whole_is_checked_one_token_further() -> None:
+    assert cut_round(4, 4, beyond=4, then=4).path_checked == (5, 5)  # the path's next token was the target's
+    assert cut_round(4, 4, beyond=4, then=9).path_checked == (5, 4)
+    assert cut_round(4, 2, beyond=4, then=9).path_checked == (4, 2)  # rejected before the cut: nothing more known
+    assert cut_round(4, 4, beyond=None, then=4).path_checked == (4, 4)  # not cut
+
+
+@pytest.mark.parametrize("checked", [True, False])
+def test_paths_grow_again_where_a_long_one_once_failed(checked: bool) -> None:
+    costs = RouteCosts(0.1, 8)
+    for k, seconds in {**GPU, 32: 0.035}.items():  # a longer path costs next to nothing more
+        costs.record_round(played(k, k, 0.0, seconds))
+    costs.record_plain(tokens=20, seconds=20 * 0.025)
+    costs.observe(cut_round(32, 1, beyond=None, then=9))  # an earlier request's long path: right only at its start
+    policy = RequestPolicy(costs, FallbackConfig(), 4, start=Choice(0, "model off"))
+    lengths = []
+    for _ in range(8):  # this request copies: each path right as far as it goes, and further
+        length = policy.lookup.length([1.0] * 32, costs.plain_rate)
+        lengths.append(length)
+        event = cut_round(length, length, beyond=length if checked else None, then=length)
+        costs.observe(event)
+        policy.observe(event)
+    assert lengths == ([1, 2, 3, 4, 5, 6, 7, 8] if checked else [1] * 8)  # unchecked past the cut, it stays cut
+
+
 def test_declined_paths_are_checked_against_what_the_target_produced() -> None:
     policy = RequestPolicy(measured(CPU), FallbackConfig(), 4, start=Choice(4, "configured"))
     for _ in range(6):

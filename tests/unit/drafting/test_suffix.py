@@ -147,7 +147,9 @@ async def test_the_policy_trims_lookup_paths_and_a_hybrid_falls_back_to_its_mode
     model = ScriptedDrafter(lambda context, k: [11] * k)
     context = [1, 2, 3, 4, 5, 6, 1, 2, 3]
     suffix = SuffixDrafter(model, LookupSettings(factor=8.0))
-    assert (await suffix.propose(context, plan(worth=lambda probs: 2))).tokens == (4, 5)
+    trimmed = await suffix.propose(context, plan(worth=lambda probs: 2))
+    assert (trimmed.tokens, trimmed.beyond) == ((4, 5), 6)  # the token after the cut, to check against the target's
+    assert (await suffix.propose(context, plan())).beyond is None  # nothing was cut
     assert (await suffix.propose(context, plan(worth=lambda probs: 0))).tokens == ()
     hybrid = HybridDrafter(model, LookupSettings(factor=8.0))
     found = await hybrid.propose(context, plan(k=3))
