@@ -125,7 +125,8 @@ class RouteCosts:
         k, accepted = len(event.drafted), event.accepted
         if event.source != Source.MODEL:
             if (outcome := event.path_outcome) is not None:  # counted from where the path starts
-                self.lookup_alpha.add(outcome[1] / outcome[0])
+                compared, right = outcome
+                self.lookup_alpha.add(right / compared)
             if (checked := event.path_checked) is not None:  # ... and past the cut, where the round's token tells
                 path, right = checked
                 for position in range(min(path, len(self.lookup_survival))):

@@ -22,6 +22,15 @@ def measured(verify: dict[int, float]) -> RouteCosts:
     return costs
 
 
+def model_priced(verify: dict[int, float], plain_seconds: float) -> RouteCosts:
+    """Costs timed by model rounds and plain decoding: no lookup path measured yet."""
+    costs = RouteCosts(0.1, 8)
+    for k, seconds in verify.items():
+        costs.record_round(played(k, k, 0.0, seconds))
+    costs.record_plain(tokens=20, seconds=20 * plain_seconds)
+    return costs
+
+
 CPU = {1: 0.10, 4: 0.19, 16: 0.55}  # verification grows with K
 GPU = {1: 0.030, 4: 0.031, 16: 0.033}  # flat
 
@@ -95,10 +104,7 @@ def test_a_request_learns_how_far_its_lookup_paths_hold() -> None:
 
 
 def test_a_path_is_not_trusted_past_where_shorter_ones_broke() -> None:
-    costs = RouteCosts(0.1, 8)
-    for k, seconds in {1: 0.127, 4: 0.263, 8: 0.588, 32: 1.45}.items():  # model rounds: costs, no lookup survival
-        costs.record_round(played(k, k, 0.0, seconds))
-    costs.record_plain(tokens=20, seconds=20 * 0.076)
+    costs = model_priced({1: 0.127, 4: 0.263, 8: 0.588, 32: 1.45}, plain_seconds=0.076)
     policy = RequestPolicy(costs, FallbackConfig(), 4, start=Choice(0, "model off"))
     first = lookup_round(4, 1)  # the request's first path: its first token right, the next three wrong
     costs.observe(first)
@@ -124,10 +130,7 @@ def test_a_cut_path_accepted_whole_is_checked_one_token_further() -> None:
 
 @pytest.mark.parametrize("checked", [True, False])
 def test_paths_grow_again_where_a_long_one_once_failed(checked: bool) -> None:
-    costs = RouteCosts(0.1, 8)
-    for k, seconds in {**GPU, 32: 0.035}.items():  # a longer path costs next to nothing more
-        costs.record_round(played(k, k, 0.0, seconds))
-    costs.record_plain(tokens=20, seconds=20 * 0.025)
+    costs = model_priced({**GPU, 32: 0.035}, plain_seconds=0.025)  # a longer path costs next to nothing more
     costs.observe(cut_round(32, 1, beyond=None, then=9))  # an earlier request's long path: right only at its start
     policy = RequestPolicy(costs, FallbackConfig(), 4, start=Choice(0, "model off"))
     lengths = []
