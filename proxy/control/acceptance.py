@@ -5,6 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 UNMEASURED_ALPHA = 0.5  # a neutral prior before any round was seen
+# Lookup paths by the tail of the context their source matched: 1, 2-3, 4-7, 8 or more tokens. A path found after
+# one matching token is right far less often than one found after eight, so each class has a survival of its own.
+MATCH_CLASSES = 4
+
+
+def match_class(match: int) -> int:
+    """The class of a path whose source matched `match` tokens of the context's tail (0, not known, counts as 1)."""
+    return min(max(match, 1).bit_length() - 1, MATCH_CLASSES - 1)
 
 
 def survival(alpha: float, measured: Sequence[float | None], k: int) -> list[float]:

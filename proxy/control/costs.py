@@ -18,7 +18,14 @@ import numpy as np
 
 from proxy.config.section import MAX_K
 from proxy.control import cost_model
-from proxy.control.acceptance import UNMEASURED_ALPHA, draft_ahead_hit, read_windows, survival
+from proxy.control.acceptance import (
+    MATCH_CLASSES,
+    UNMEASURED_ALPHA,
+    draft_ahead_hit,
+    match_class,
+    read_windows,
+    survival,
+)
 from proxy.control.cost_model import MeasuredVerify, at_context, fit_context_slope
 from proxy.decode.events import Event, PlainEvent, ReadEvent, RoundEvent
 from proxy.drafting.base import Source
@@ -65,7 +72,7 @@ class RouteCosts:
     assumed = False  # costs are measured on the hardware the rounds run on
     alpha: Ewma = field(init=False)  # the model draft's
     lookup_alpha: Ewma = field(init=False)  # lookup drafts'
-    lookup_survival: list[Ewma] = field(init=False)  # per position j: a lookup path was right up to j
+    lookup_survival: list[list[Ewma]] = field(init=False)  # per match class, per position j: a path was right to j
     alpha_per_position: list[Ewma] = field(init=False)  # the model draft's survival: position j and all before
     guess_right: Ewma = field(init=False)  # after a round accepted everything, a draft-ahead guessed the next token
     draft_per_token: Ewma = field(init=False)
@@ -86,7 +93,7 @@ class RouteCosts:
     def __post_init__(self) -> None:
         self.alpha = Ewma(self.weight)
         self.lookup_alpha = Ewma(self.weight)
-        self.lookup_survival = [Ewma(self.weight) for _ in range(MAX_K)]
+        self.lookup_survival = [[Ewma(self.weight) for _ in range(MAX_K)] for _ in range(MATCH_CLASSES)]
         self.alpha_per_position = [Ewma(self.weight) for _ in range(self.k_max)]
         self.guess_right = Ewma(self.weight)
         self.draft_per_token = Ewma(self.weight)
@@ -129,8 +136,9 @@ class RouteCosts:
                 self.lookup_alpha.add(right / compared)
             if (checked := event.path_checked) is not None:  # ... and past the cut, where the round's token tells
                 path, right = checked
-                for position in range(min(path, len(self.lookup_survival))):
-                    self.lookup_survival[position].add(1.0 if position < right else 0.0)
+                survival = self.lookup_survival[match_class(event.match)]
+                for position in range(min(path, len(survival))):
+                    survival[position].add(1.0 if position < right else 0.0)
         elif k > 0:
             self.alpha.add(accepted / k)
             for position in range(min(k, len(self.alpha_per_position))):

@@ -4,7 +4,9 @@ A lookup path comes with the index's own estimate of each token (the share of ea
 occurrences that continued that way), which says nothing when a path was seen once. What decides
 instead is survival: how often a lookup path's j-th token was right, measured on this request's
 paths (verified ones, and declined ones checked against what the target then produced) with the
-route's measurements as the prior. Verifying L tokens then emits 1 + Σ_{j<L} c_j tokens on
+route's measurements as the prior, each kept apart by how long a tail of the context the path's
+source matched (a path found after one matching token is right far less often than one found
+after eight). Verifying L tokens then emits 1 + Σ_{j<L} c_j tokens on
 average, c_j = estimate_j · survival_j, in verify_time(L): measured by K, so on a CPU, where it
 grows with K, a path is cut where its next token stops paying, and on a GPU, where it is flat, it
 is kept.
@@ -17,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from proxy.config.section import MAX_K
+from proxy.control.acceptance import MATCH_CLASSES, match_class
 from proxy.control.costs import RouteCosts
 from proxy.decode.events import Event, PlainEvent, RoundEvent
 from proxy.drafting.base import Source
@@ -58,11 +61,12 @@ def right_prefix(path: Sequence[int], said: Sequence[int]) -> tuple[int, int]:
 
 
 class LookupOdds:
-    """One request's lookup paths: their survival by position, hits and misses, and the worthwhile length."""
+    """One request's lookup paths: their survival by position and match class, hits and misses, and the worthwhile
+    length."""
 
     def __init__(self, costs: RouteCosts) -> None:
         self._costs = costs
-        self.tried, self.right = np.zeros(MAX_K), np.zeros(MAX_K)
+        self.tried, self.right = np.zeros((MATCH_CLASSES, MAX_K)), np.zeros((MATCH_CLASSES, MAX_K))
         self.lookups = self.hits = 0
 
     def observe(self, event: Event) -> None:
@@ -70,32 +74,36 @@ class LookupOdds:
         if isinstance(event, RoundEvent) and event.source != Source.MODEL:
             if (outcome := event.path_checked) is not None:  # the path after the model's lead was compared
                 self.lookups += 1
-                self._count(*outcome)
+                self._count(event.match, *outcome)
         elif isinstance(event, RoundEvent):
-            self._count(*right_prefix(event.declined, event.emitted))
+            self._count(event.match, *right_prefix(event.declined, event.emitted))
         elif isinstance(event, PlainEvent) and event.lookup_missed:
             self.lookups += 1
-            self._count(*right_prefix(event.declined, event.tokens))
+            self._count(event.match, *right_prefix(event.declined, event.tokens))
 
-    def _count(self, compared: int, right: int) -> None:
-        """Positions 0..compared-1 were tried; the first `right` were right."""
-        self.tried[:compared] += 1
-        self.right[:right] += 1
+    def _count(self, match: int, compared: int, right: int) -> None:
+        """A path of that match tried at positions 0..compared-1; the first `right` were right."""
+        cls = match_class(match)
+        self.tried[cls, :compared] += 1
+        self.right[cls, :right] += 1
         self.hits += right > 0
 
-    def survival(self, n: int) -> np.ndarray:
-        """P(a path is right up to position j), j < n: this request's counts with the route's as the prior.
+    def survival(self, n: int, match: int) -> np.ndarray:
+        """P(a path of that match is right up to position j), j < n: this request's counts with the route's as the
+        prior, both of the path's match class.
 
         Each position is counted over the paths that reached it, so a deep position that no path has
         reached yet would keep its optimistic prior behind a shallow one that failed; being right up to
         j needs being right up to j − 1, so the curve never rises.
         """
-        prior = np.array([e.value if e.value is not None else 1.0 for e in self._costs.lookup_survival[:n]])
-        return np.minimum.accumulate((self.right[:n] + PRIOR_WEIGHT * prior) / (self.tried[:n] + PRIOR_WEIGHT))
+        cls = match_class(match)
+        prior = np.array([e.value if e.value is not None else 1.0 for e in self._costs.lookup_survival[cls][:n]])
+        return np.minimum.accumulate((self.right[cls, :n] + PRIOR_WEIGHT * prior)
+                                     / (self.tried[cls, :n] + PRIOR_WEIGHT))
 
-    def length(self, estimates: Sequence[float], competing_rate: float | None) -> int:
-        """How many tokens of a path to verify (0: none), from its estimates and the survival so far."""
-        odds = np.minimum(1.0, np.asarray(estimates, dtype=float) * self.survival(len(estimates)))
+    def length(self, estimates: Sequence[float], match: int, competing_rate: float | None) -> int:
+        """How many tokens of a path to verify (0: none), from its estimates, its match and the survival so far."""
+        odds = np.minimum(1.0, np.asarray(estimates, dtype=float) * self.survival(len(estimates), match))
         return lookup_length(self._costs, odds.tolist(), competing_rate)
 
     def chunk(self) -> int:

@@ -152,7 +152,8 @@ class RouteController:
             "reason": self.current.reason,
             "alpha": costs.alpha.value,
             "lookup_alpha": costs.lookup_alpha.value,
-            "lookup_survival": [e.value for e in costs.lookup_survival if e.value is not None],
+            "lookup_survival": [[e.value for e in by_class if e.value is not None]
+                                for by_class in costs.lookup_survival],  # by match class: 1, 2-3, 4-7, 8+ tokens
             "alpha_per_position": [e.value for e in costs.alpha_per_position],
             "draft_ahead_guess_right": costs.guess_right.value,
             "draft_seconds_per_token": costs.draft_per_token.value,

@@ -32,6 +32,7 @@ class RoundEvent:
     candidates: int = 1  # lookup paths verified together (drafted is the one followed)
     declined: tuple[int, ...] = ()  # a lookup path not verified this round (a model draft went instead)
     beyond: int | None = None  # the followed path's next token, where the policy cut the path short
+    match: int = 0  # context tokens the lookup path (or the declined one) matched before it (0: none, not known)
     led: int = 0  # drafted tokens the model sampled ahead of the source's path (a prediction rejoined after an edit)
     checked: bool = False  # the model read the path in one batched step before it was verified
     drafted_ahead: bool = False  # the draft was made while the previous round was verified (a draft-ahead hit)
@@ -88,6 +89,7 @@ class PlainEvent:
     seconds: float
     lookup_missed: bool = False  # a lookup found nothing worth verifying; speculation resumes after the chunk
     declined: tuple[int, ...] = ()  # the lookup path found but not verified, to compare with what the target said
+    match: int = 0  # context tokens the declined path matched before it
     prefill: bool = False  # the chunk came straight after the prompt: its time includes the prompt's prefill
     # This request's draft model was reading when the chunk started: where it shares the target's cores it slows
     # the target, so such a chunk does not measure what plain decoding alone gets.

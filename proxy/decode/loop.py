@@ -141,14 +141,14 @@ class _Rounds:
         n = PLAIN_CHUNK if isinstance(decision, Finish) else self._first_chunk() or opening
         return await self._plain(min(n, remaining), read=action is Action.PLAIN_READ)
 
-    async def _plain(self, n: int, *, read: bool, lookup_missed: bool = False,
-                     declined: tuple[int, ...] = ()) -> tuple[int, ...]:
+    async def _plain(self, n: int, *, read: bool, lookup_missed: bool = False, declined: tuple[int, ...] = (),
+                     match: int = 0) -> tuple[int, ...]:
         """A chunk of up to n tokens decoded by the target, up to the end of generation; the draft reads it if asked."""
         session, started, draft_busy = self.session, time.perf_counter(), self.reader.busy()
         decoded = await self.target.generate(self.context, n, session.params, session.target_seed(),
                                              session.client_headers, model=session.model)
         session.publish(PlainEvent(session.request_id, session.route, tuple(decoded), time.perf_counter() - started,
-                                   lookup_missed, declined, prefill=session.at_prompt(self.context),
+                                   lookup_missed, declined, match, prefill=session.at_prompt(self.context),
                                    draft_busy=draft_busy))
         tokens = _until_end(decoded, self.is_end)
         if read:
@@ -175,7 +175,7 @@ class _Rounds:
             # (a later draft reads what it missed), and where it shares the target's cores it slows the target.
             n = self._first_chunk() or self.session.policy.plain_chunk()
             return await self._plain(min(n, remaining), read=isinstance(decision, Speculate) or self.reader.resumes,
-                                     lookup_missed=True, declined=draft.declined)
+                                     lookup_missed=True, declined=draft.declined, match=draft.match)
         return await self._verified(decision, plan, draft, ahead, remaining, started)
 
     async def _draft(self, plan: DraftPlan) -> tuple[DraftAhead | None, DraftPlan, Draft]:
@@ -207,7 +207,7 @@ class _Rounds:
             accepted=verdict.accepted, emitted=emitted, draft_seconds=drafted_at - started,
             verify_seconds=time.perf_counter() - drafted_at, tv_bound=verdict.tv_bound, source=draft.source,
             candidates=1 + len(draft.alternatives), declined=draft.declined, led=draft.led, checked=draft.checked,
-            beyond=draft.beyond if verdict.followed == draft.tokens else None,
+            beyond=draft.beyond if verdict.followed == draft.tokens else None, match=draft.match,
             drafted_ahead=ahead is not None,
             drafting_seconds_per_token=ahead.seconds_per_token if ahead else draft.seconds_per_token,
             ahead_hit=hit, context=len(self.context), prefill=session.at_prompt(self.context)))

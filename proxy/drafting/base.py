@@ -37,6 +37,7 @@ class Draft:
     alternatives: tuple[tuple[int, ...], ...] = ()  # more deterministic candidates, verified in the same round
     declined: tuple[int, ...] = ()  # a lookup path found but judged not worth verifying (the policy learns from it)
     beyond: int | None = None  # the path's next token where the policy cut it short (the policy learns from it too)
+    match: int = 0  # context tokens the lookup path (or the declined one) matched before it (0: none, not known)
     led: int = 0  # leading tokens the model sampled before a deterministic path took over (an edit, then the copy)
     checked: bool = False  # the model read the path in one batched step and cut it where it would write otherwise
     # The model's time per drafted token, its reading of context it had not seen left out (None: not timed,
@@ -63,8 +64,9 @@ class DraftPlan:
     request_id: str = ""  # whose sequence to draft in (drafters that keep per-request state)
     lookup_k: int = 0  # at most this many tokens for a lookup path (0: k)
     # How many of a lookup path's tokens are worth verifying, given the estimated probability that
-    # the path is right up to each (0: none; a hybrid drafts with its model instead). None: all.
-    worth: Callable[[Sequence[float]], int] | None = None
+    # the path is right up to each and how many context tokens it matched (0: none; a hybrid drafts with its
+    # model instead). None: all.
+    worth: Callable[[Sequence[float], int], int] | None = None
 
 
 class Vocabulary(Protocol):

@@ -123,17 +123,19 @@ class SuffixDrafter(LookupDrafter):
         """The best path (trimmed to what is worth verifying) and its branches, one-hot; possibly nothing."""
         if (reserved := self._requests.get(plan.request_id)) is not None:
             reserved.context = context
-        paths, declined, beyond = self.paths(context, plan)
+        paths, declined, beyond, match = self.paths(context, plan)
         if not paths:
-            return Draft((), DraftRows.one_hot((), self.vocabulary.n_vocab), Source.LOOKUP, declined=declined)
+            return Draft((), DraftRows.one_hot((), self.vocabulary.n_vocab), Source.LOOKUP, declined=declined,
+                         match=match)
         best, *alternatives = paths
         return Draft(best, DraftRows.one_hot(best, self.vocabulary.n_vocab), Source.LOOKUP, tuple(alternatives),
-                     beyond=beyond)
+                     beyond=beyond, match=match)
 
     def paths(self, context: Sequence[int],
-              plan: DraftPlan) -> tuple[list[tuple[int, ...]], tuple[int, ...], int | None]:
+              plan: DraftPlan) -> tuple[list[tuple[int, ...]], tuple[int, ...], int | None, int]:
         """Lookup paths worth verifying, best first (the first from the better of context and history); the best
-        path when it was found but not worth verifying; and the best path's token after the part worth it."""
+        path when it was found but not worth verifying; the best path's token after the part worth it; and how many
+        context tokens the best path matched (0: none found)."""
         settings = replace(self.settings, max_tokens=min(self.settings.max_tokens, plan.lookup_k or plan.k))
         query = np.asarray(context, dtype=np.int64)
         found = continuations(query, query, settings)
@@ -148,15 +150,16 @@ class SuffixDrafter(LookupDrafter):
             found = [edited, *found][: settings.candidates]  # the copy with its changes; the plain path a branch
         paths: list[tuple[int, ...]] = []
         beyond = None
+        match = found[0].match_length if found else 0
         for path in found:
-            length = plan.worth(path.probs) if plan.worth is not None else len(path.tokens)
+            length = plan.worth(path.probs, path.match_length) if plan.worth is not None else len(path.tokens)
             if length > 0 and path.tokens[:length] not in paths:
                 if not paths and length < len(path.tokens):
                     beyond = path.tokens[length]
                 paths.append(path.tokens[:length])
             elif not paths:
-                return [], path.tokens, None  # the best path was not worth verifying: neither are its branches
-        return paths, (), beyond
+                return [], path.tokens, None, match  # the best path was not worth verifying: nor are its branches
+        return paths, (), beyond, match
 
     def _edited(self, context: Sequence[int], request_id: str, settings: LookupSettings) -> Continuation | None:
         """The prompt's continuation from where the output's copy of it stands, with the output's changes made;
@@ -197,4 +200,4 @@ class HybridDrafter(InFront, SuffixDrafter):
         found = await super().propose(context, plan)
         if len(found) or plan.k == 0:
             return found
-        return replace(await self._inner.propose(context, plan), declined=found.declined)
+        return replace(await self._inner.propose(context, plan), declined=found.declined, match=found.match)

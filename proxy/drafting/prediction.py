@@ -169,9 +169,10 @@ class PredictionDrafter(InFront):
         tokens, declined = await self._copy(aligned, context, plan, limit, may_check)
         if tokens:
             return Draft(tokens, DraftRows.one_hot(tokens, self.vocabulary.n_vocab), Source.PREDICTION,
-                         checked=may_check)
+                         checked=may_check, match=aligned.match)
         if plan.k == 0 and not self._inner.looks_up:
-            return Draft((), DraftRows.one_hot((), self.vocabulary.n_vocab), Source.PREDICTION, declined=declined)
+            return Draft((), DraftRows.one_hot((), self.vocabulary.n_vocab), Source.PREDICTION, declined=declined,
+                         match=aligned.match)
         editing = may_check and not aligned.synced
         found = await self._inner.propose(context, _model_first(plan) if editing else plan)
         if editing and found.source == Source.MODEL and 0 < len(found) < limit:
@@ -180,14 +181,14 @@ class PredictionDrafter(InFront):
             tokens = await self._checked(context, plan.request_id, found.tokens)  # a lookup path is cut the same way
             found = replace(found, tokens=tokens, probs=DraftRows.one_hot(tokens, self.vocabulary.n_vocab),
                             checked=True, beyond=found.beyond if tokens == found.tokens else None)
-        return found if found.declined or not declined else replace(found, declined=declined)
+        return found if found.declined or not declined else replace(found, declined=declined, match=aligned.match)
 
     async def _copy(self, aligned: Alignment, context: Sequence[int], plan: DraftPlan, limit: int,
                     checked: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(the prediction's path from the alignment worth verifying, the path found but not worth it)."""
         # A path the model checks may run as far as the round allows: the model cuts it where the output departs.
         path = aligned.path(limit, floor=0.0 if checked else MIN_ESTIMATE)
-        length = plan.worth(path.probs) if plan.worth is not None and path.tokens else len(path.tokens)
+        length = plan.worth(path.probs, aligned.match) if plan.worth is not None and path.tokens else len(path.tokens)
         if length <= 0:
             return (), path.tokens
         tokens = path.tokens[:length]
@@ -207,7 +208,7 @@ class PredictionDrafter(InFront):
             return draft
         probs = draft.probs + DraftRows.one_hot(tokens, self.vocabulary.n_vocab)
         return replace(draft, tokens=draft.tokens + tokens, probs=probs, source=Source.PREDICTION, led=len(draft),
-                       checked=True)
+                       checked=True, match=aligned.match)
 
     async def _checked(self, context: Sequence[int], request_id: str, tokens: tuple[int, ...]) -> tuple[int, ...]:
         """The path up to the first token the draft model would not write there, then the model's token instead.
@@ -230,8 +231,8 @@ class PredictionDrafter(InFront):
 def _model_first(plan: DraftPlan) -> DraftPlan:
     """The plan while the output departs from the prediction: the model, which read the edit asked for, drafts it,
     and a lookup path shorter than its draft gives way."""
-    def worth(probs: Sequence[float]) -> int:
-        length = plan.worth(probs) if plan.worth is not None else len(probs)
+    def worth(probs: Sequence[float], match: int) -> int:
+        length = plan.worth(probs, match) if plan.worth is not None else len(probs)
         return length if length >= plan.k else 0
 
     return replace(plan, worth=worth)

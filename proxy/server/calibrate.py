@@ -69,7 +69,7 @@ async def _draft_seconds_per_token(drafter: Drafter, context: Sequence[int], k: 
         return None
     # No lookup path is worth verifying here, so a hybrid drafts with its model.
     plan = DraftPlan(k, GREEDY, target.order, top_n, np.random.default_rng(0), CALIBRATION_ID, k,
-                     worth=lambda _: 0)
+                     worth=lambda _probs, _match: 0)
     try:
         timed = None
         for _ in range(2):  # the first reads the context (its reading is left out, not its first steps' warm-up)

@@ -76,19 +76,20 @@ def test_model_and_lookup_acceptance_are_kept_apart() -> None:
     assert costs.draft_per_token.samples == 1 and set(costs.verify_by_k) == {4, 16}
     costs.record_round(played(12, 6, 0.1, 0.4, lookup=True, led=4))  # the model's 4 tokens, then 2 of the path's 8
     costs.record_round(played(12, 2, 0.1, 0.4, lookup=True, led=4))  # the model's own tokens rejected: the path untried
-    assert costs.lookup_alpha.samples == 2 and costs.lookup_survival[2].samples == 2
+    assert costs.lookup_alpha.samples == 2 and costs.lookup_survival[0][2].samples == 2
     assert costs.alpha.samples == 1 and costs.verify_by_k[12].samples == 2
 
 
-def lookup_round(drafted: int, accepted: int) -> RoundEvent:
+def lookup_round(drafted: int, accepted: int, match: int = 0, seconds: float = 0.1) -> RoundEvent:
+    """A lookup round whose path was found after `match` matching context tokens."""
     return RoundEvent(request_id="r", route="route", index=1, k=drafted, drafted=tuple(range(drafted)),
-                      accepted=accepted, emitted=(0,) * (accepted + 1), draft_seconds=0.0, verify_seconds=0.1,
-                      source="lookup")
+                      accepted=accepted, emitted=(0,) * (accepted + 1), draft_seconds=0.0, verify_seconds=seconds,
+                      source="lookup", match=match)
 
 
-def trimmed(policy: RequestPolicy, probs: list[float]) -> int:
-    """The worthwhile prefix of a lookup path, in a round the policy decided."""
-    return policy.lookup_length(probs, policy.decide())
+def trimmed(policy: RequestPolicy, probs: list[float], match: int = 0) -> int:
+    """The worthwhile prefix of a lookup path (found after `match` context tokens), in a round the policy decided."""
+    return policy.lookup_length(probs, match, policy.decide())
 
 
 def test_a_request_learns_how_far_its_lookup_paths_hold() -> None:
@@ -99,8 +100,22 @@ def test_a_request_learns_how_far_its_lookup_paths_hold() -> None:
     for _ in range(6):  # every path broke after its second token
         policy.observe(lookup_round(16, 2))
     assert trimmed(policy, sure) == 2  # verifying further costs more than it is expected to emit
-    assert policy.lookup.survival(4) == pytest.approx([1.0, 1.0, 2 / 8, 2 / 8], abs=0.1)
+    assert policy.lookup.survival(4, 0) == pytest.approx([1.0, 1.0, 2 / 8, 2 / 8], abs=0.1)
     assert (policy.lookup.lookups, policy.lookup.hits) == (6, 6)
+
+
+@pytest.mark.parametrize("failed_match", [1, 12])
+def test_paths_found_after_long_matches_are_judged_apart_from_short_ones(failed_match: int) -> None:
+    costs = model_priced(CPU, plain_seconds=0.06)
+    policy = RequestPolicy(costs, FallbackConfig(), 4, start=Choice(0, "model off"))
+    untried = policy.lookup.length([1.0] * 16, 1, costs.plain_rate)  # what a sure path gets before any failed
+    assert untried > 0
+    for _ in range(3):  # the reply's opening words: paths after a one-token match, all wrong (the control: long ones)
+        failed = lookup_round(4, 0, match=failed_match, seconds=CPU[4])  # the costs stay as they were
+        costs.observe(failed)
+        policy.observe(failed)
+    after_short, after_long = (policy.lookup.length([1.0] * 16, match, costs.plain_rate) for match in (1, 12))
+    assert (after_short, after_long) == ((0, untried) if failed_match == 1 else (untried, 0))  # a copy is kept
 
 
 def test_a_path_is_not_trusted_past_where_shorter_ones_broke() -> None:
@@ -109,9 +124,9 @@ def test_a_path_is_not_trusted_past_where_shorter_ones_broke() -> None:
     first = lookup_round(4, 1)  # the request's first path: its first token right, the next three wrong
     costs.observe(first)
     policy.observe(first)
-    survival = policy.lookup.survival(18)
+    survival = policy.lookup.survival(18, 0)
     assert survival[0] == 1.0 and survival[1:].max() == 0.0  # positions no path reached yet do not rise again
-    assert policy.lookup.length([1.0] * 18, costs.plain_rate) <= 1  # not 18 tokens at ~1 s on a sure-looking path
+    assert policy.lookup.length([1.0] * 18, 0, costs.plain_rate) <= 1  # not 18 tokens at ~1 s on a sure-looking path
 
 
 def cut_round(drafted: int, accepted: int, *, beyond: int | None, then: int, seconds: float = 0.03) -> RoundEvent:
@@ -135,7 +150,7 @@ def test_paths_grow_again_where_a_long_one_once_failed(checked: bool) -> None:
     policy = RequestPolicy(costs, FallbackConfig(), 4, start=Choice(0, "model off"))
     lengths = []
     for _ in range(8):  # this request copies: each path right as far as it goes, and further
-        length = policy.lookup.length([1.0] * 32, costs.plain_rate)
+        length = policy.lookup.length([1.0] * 32, 0, costs.plain_rate)
         lengths.append(length)
         event = cut_round(length, length, beyond=length if checked else None, then=length)
         costs.observe(event)
@@ -155,7 +170,7 @@ def test_declined_paths_are_checked_against_what_the_target_produced() -> None:
     wrong = PlainEvent("r", "route", (9, 9, 9, 9), 0.3, lookup_missed=True, declined=(1, 2, 3))
     hits = policy.lookup.hits
     policy.observe(wrong)
-    assert policy.lookup.hits == hits and policy.lookup.tried[0] == 6 + 8 + 1
+    assert policy.lookup.hits == hits and policy.lookup.tried[0, 0] == 6 + 8 + 1
 
 
 def test_under_assumed_gpu_costs_a_weak_tail_is_verified_too() -> None:
@@ -168,8 +183,8 @@ def test_a_path_the_model_led_counts_from_where_the_path_starts() -> None:
     led = RoundEvent(request_id="r", route="route", index=1, k=16, drafted=tuple(range(16)), accepted=6,
                      emitted=(0,) * 7, draft_seconds=0.0, verify_seconds=0.1, source="prediction", led=4)
     policy.observe(led)  # the model's 4 tokens accepted, then 2 of the path's 12
-    assert (policy.lookup.lookups, policy.lookup.tried[:13].tolist()) == (1, [1.0] * 12 + [0.0])
-    assert policy.lookup.right[:3].tolist() == [1.0, 1.0, 0.0]
+    assert (policy.lookup.lookups, policy.lookup.tried[0, :13].tolist()) == (1, [1.0] * 12 + [0.0])
+    assert policy.lookup.right[0, :3].tolist() == [1.0, 1.0, 0.0]
     assert (policy.evidence.drafted, policy.evidence.accepted) == (4, 4)  # the model's part is the model's acceptance
     cut = replace(led, accepted=2, emitted=(0,) * 3)  # the edit itself was rejected: the path was never compared
     policy.observe(cut)

@@ -149,7 +149,7 @@ def test_a_forced_request_drafts_at_its_k_whatever_the_costs_and_acceptance() ->
         decision = policy.decide()
         assert decision == Speculate(4, "k=4: speculation forced by the client")
         policy.observe(round_event(index, 4, 0))
-    assert policy.lookup_length([0.1] * 32, decision) == 32
+    assert policy.lookup_length([0.1] * 32, 0, decision) == 32
 
 
 def read_event(agreed: str) -> ReadEvent:

@@ -141,5 +141,5 @@ def test_a_forced_request_drafts_at_the_configured_k_and_verifies_lookup_paths_i
     for index in range(6):
         assert policy.decide() == Speculate(4, "k=4: speculation forced by the client")
         policy.observe(round_event(index, 4, 0))
-    assert policy.lookup_length([0.9] * 32, policy.decide()) == 32
+    assert policy.lookup_length([0.9] * 32, 0, policy.decide()) == 32
     assert policy.model_may_pay()

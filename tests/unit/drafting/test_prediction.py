@@ -114,9 +114,9 @@ async def test_the_drafter_proposes_the_prediction_first_then_the_route_drafter(
     assert (first.source, first.tokens) == (Source.PREDICTION, tuple(PREDICTION_IDS[:8]))
     assert first.probs.shape == (8, inner.vocabulary.n_vocab)
     assert (first.probs.dense().max(axis=1) == 1).all()  # one-hot
-    trimmed = await drafter.propose(prompt, plan(8, worth=lambda probs: 3))
+    trimmed = await drafter.propose(prompt, plan(8, worth=lambda probs, match: 3))
     assert trimmed.tokens == tuple(PREDICTION_IDS[:3])
-    declined = await drafter.propose(prompt, plan(8, worth=lambda probs: 0))
+    declined = await drafter.propose(prompt, plan(8, worth=lambda probs, match: 0))
     assert declined.tokens == (42,) * 8 and declined.declined == tuple(PREDICTION_IDS[:8])  # the route's draft
     done = await drafter.propose(prompt + PREDICTION_IDS, plan(4))
     assert done.tokens == (42,) * 4 and not inner.looks_up and drafter.looks_up
@@ -191,13 +191,13 @@ async def test_after_an_edit_the_models_draft_leads_and_the_prediction_follows_i
     found = await drafter.propose(prompt + written, replace(plan(16), k=4))
     assert (found.source, found.led, found.tokens) == (Source.PREDICTION, 4, tuple(goes_on[:16]))
     # Asked of the route's drafter during the edit: a lookup path shorter than the model's 4 tokens gives way.
-    assert (plans[0].worth([1.0] * 3), plans[0].worth([1.0] * 5)) == (0, 5)
+    assert (plans[0].worth([1.0] * 3, 0), plans[0].worth([1.0] * 5, 0)) == (0, 5)
     assert found.probs.shape == (16, WideVocabulary.n_vocab) and (found.probs.dense().max(axis=1) == 1).all()
     assert model.reads == [goes_on[4:16]]  # the model checked the prediction's part, after its own
     model.script = lambda context, k: [500, 501, 502, 503][:k]  # an edit that does not come back to the prediction
     alone = await drafter.propose(prompt + written, replace(plan(16), k=4))
     assert (alone.source, alone.led, alone.tokens) == ("model", 0, (500, 501, 502, 503))
-    declined = await drafter.propose(prompt + written, replace(plan(16, worth=lambda probs: 0), k=4))
+    declined = await drafter.propose(prompt + written, replace(plan(16, worth=lambda probs, match: 0), k=4))
     assert declined.led == 0 and declined.source == "model"  # a path not worth verifying is not added either
 
 

@@ -147,12 +147,16 @@ async def test_the_policy_trims_lookup_paths_and_a_hybrid_falls_back_to_its_mode
     model = ScriptedDrafter(lambda context, k: [11] * k)
     context = [1, 2, 3, 4, 5, 6, 1, 2, 3]
     suffix = SuffixDrafter(model, LookupSettings(factor=8.0))
-    trimmed = await suffix.propose(context, plan(worth=lambda probs: 2))
+    matches = []
+    trimmed = await suffix.propose(context, plan(worth=lambda probs, match: matches.append(match) or 2))
     assert (trimmed.tokens, trimmed.beyond) == ((4, 5), 6)  # the token after the cut, to check against the target's
+    assert matches == [3] and trimmed.match == 3  # the path was found after the context's tail 1, 2, 3
     assert (await suffix.propose(context, plan())).beyond is None  # nothing was cut
-    assert (await suffix.propose(context, plan(worth=lambda probs: 0))).tokens == ()
+    declined = await suffix.propose(context, plan(worth=lambda probs, match: 0))
+    assert (declined.tokens, declined.declined[:3], declined.match) == ((), (4, 5, 6), 3)
     hybrid = HybridDrafter(model, LookupSettings(factor=8.0))
     found = await hybrid.propose(context, plan(k=3))
     assert found.tokens[:3] == (4, 5, 6) and found.source == "lookup"
-    fallback = await hybrid.propose(context, plan(k=3, worth=lambda probs: 0))
+    fallback = await hybrid.propose(context, plan(k=3, worth=lambda probs, match: 0))
     assert fallback.tokens == (11, 11, 11) and fallback.source == "model"
+    assert (fallback.declined[:3], fallback.match) == ((4, 5, 6), 3)  # the declined path, to learn from
