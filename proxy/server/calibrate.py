@@ -10,8 +10,9 @@ through no request's bookkeeping: nothing joins the route's output history.
 
 from __future__ import annotations
 
+import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -29,7 +30,10 @@ CALIBRATION_TEXT = (
     "    for start, end in sorted(intervals):\n"
     "        if merged and start <= merged[-1][1]:\n"
 )
-PLAIN_TOKENS = 8  # one timed plain chunk, as long as a request's
+PLAIN_TOKENS = 8  # a timed plain chunk, as long as a request's
+# Each cost is timed this many times, in turns, and the median kept: on shared cores one call can come out a third
+# faster or slower than the next, and a route's first decisions stand on these figures.
+TIMINGS = 3
 CALIBRATION_ID = "speculoos-calibration"  # the draft sequence's lease, released at the end
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -42,24 +46,31 @@ def verification_sizes(route: Route, *, looks_up: bool) -> tuple[int, ...]:
     return tuple(sorted(sizes))
 
 
-async def calibrate(route: Route, target: Target, drafter: Drafter) -> Calibration:
-    """Time a plain chunk, verifications at each size, and the draft model's steps, after the calibration text."""
+async def calibrate(route: Route, target: Target, drafter: Drafter,
+                    clock: Callable[[], float] = time.perf_counter) -> Calibration:
+    """Time plain chunks, verifications at each size and the draft model's steps after the calibration text: each
+    TIMINGS times, in turns (a slow moment then weighs on every size alike), keeping each one's median."""
     context = drafter.vocabulary.tokenize(CALIBRATION_TEXT, add_special=False)
     context += await target.generate(context, 1, GREEDY, 0)  # the prefill: not timed
-    started = time.perf_counter()
-    plain = await target.generate(context, PLAIN_TOKENS, GREEDY, 0)
-    plain_seconds = (time.perf_counter() - started) / len(plain) if plain else None
-    context += plain
     top_n = route.speculation.top_logprobs
-    verify: list[tuple[int, float]] = []
-    for k in verification_sizes(route, looks_up=drafter.looks_up):
-        tokens = tuple(context[i % len(context)] for i in range(k))  # what is verified does not change its cost
-        draft = Draft(tokens, one_hot(tokens, drafter.vocabulary.n_vocab))
-        started = time.perf_counter()  # once: a first call at a new size was measured to cost what later ones do
-        await target.score(list(context), draft, ScorePlan(GREEDY, top_n, 0))
-        verify.append((k, time.perf_counter() - started))
+    sizes = verification_sizes(route, looks_up=drafter.looks_up)
+    plain_seconds: list[float] = []
+    verify: dict[int, list[float]] = {k: [] for k in sizes}
+    for _ in range(TIMINGS):
+        started = clock()
+        plain = await target.generate(context, PLAIN_TOKENS, GREEDY, 0)
+        if plain:
+            plain_seconds.append((clock() - started) / len(plain))
+        context += plain
+        for k in sizes:
+            tokens = tuple(context[i % len(context)] for i in range(k))  # what is verified does not change its cost
+            draft = Draft(tokens, one_hot(tokens, drafter.vocabulary.n_vocab))
+            started = clock()
+            await target.score(list(context), draft, ScorePlan(GREEDY, top_n, 0))
+            verify[k].append(clock() - started)
     drafting = await _draft_seconds_per_token(drafter, context, route.speculation.k, target, top_n)
-    return Calibration(len(context), plain_seconds, tuple(verify), drafting)
+    return Calibration(len(context), statistics.median(plain_seconds) if plain_seconds else None,
+                       tuple((k, statistics.median(seconds)) for k, seconds in verify.items()), drafting)
 
 
 async def _draft_seconds_per_token(drafter: Drafter, context: Sequence[int], k: int, target: Target,
@@ -71,12 +82,12 @@ async def _draft_seconds_per_token(drafter: Drafter, context: Sequence[int], k: 
     plan = DraftPlan(k, GREEDY, target.order, top_n, np.random.default_rng(0), CALIBRATION_ID, k,
                      worth=lambda _probs, _match: 0)
     try:
-        timed = None
-        for _ in range(2):  # the first reads the context (its reading is left out, not its first steps' warm-up)
+        timed = []
+        for _ in range(1 + TIMINGS):  # the first reads the context (its reading is left out, not its warm-up)
             draft = await drafter.propose(context, plan)
             if draft.source != Source.MODEL or draft.seconds_per_token is None:
                 return None
-            timed = draft.seconds_per_token
-        return timed
+            timed.append(draft.seconds_per_token)
+        return statistics.median(timed[1:])
     finally:
         drafter.release(CALIBRATION_ID)

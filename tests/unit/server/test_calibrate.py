@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestServer
 from proxy.config.load import parse_config
 from proxy.drafting.base import Draft, DraftPlan
 from proxy.server.app import open_resources
+from proxy.server.calibrate import calibrate
 from proxy.server.cli import check_report
 from proxy.server.cores import with_draft_threads
 from tests.fakes.drafter import ToyDrafter
@@ -96,3 +97,47 @@ async def test_check_says_where_the_draft_shares_cores_and_what_it_timed(fake_ur
     assert found["costs at start-up"].endswith(f"draft {DRAFT_SECONDS * 1000} ms a token")
     # The fake answers in microseconds: a draft at 3 ms a token could never pay, and the route knows it already.
     assert found["model draft"].startswith("even accepting every draft, speculation predicted")
+
+
+class ScriptedTarget:
+    """A target that answers at once, while each call moves a pinned clock on by its scripted duration."""
+
+    order = ()
+
+    def __init__(self, durations: dict[str, list[float]]) -> None:
+        self.durations = durations
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    async def generate(self, context: Sequence[int], n: int, params: Any, seed: int) -> list[int]:
+        if n > 1:  # the prefill's single token is not timed
+            self.now += self.durations["plain"].pop(0) * n
+        return [7] * n
+
+    async def score(self, context: Sequence[int], draft: Draft, plan: Any) -> None:
+        self.now += self.durations[f"verify {len(draft.tokens)}"].pop(0)
+
+
+class ScriptedToyDrafter(ToyDrafter):
+    """The toy draft, saying each draft's tokens took the next scripted time."""
+
+    def __init__(self, seconds: list[float]) -> None:
+        super().__init__(ToyModel(seed=3))
+        self.seconds = seconds
+
+    async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
+        return replace(await super().propose(context, plan), seconds_per_token=self.seconds.pop(0))
+
+
+async def test_each_cost_is_the_median_of_its_timings(tmp_path: Path) -> None:
+    route = config("http://127.0.0.1:1", tmp_path, "model").routes[0]
+    target = ScriptedTarget({"plain": [0.09, 0.07, 0.10], "verify 1": [0.12, 0.13, 0.5],
+                             "verify 4": [0.2, 0.31, 0.3], "verify 8": [0.6, 0.55, 0.58]})
+    drafter = ScriptedToyDrafter([0.5, 0.004, 0.003, 0.01])  # the first draft read the context first
+    calibration = await calibrate(route, target, drafter, clock=target.clock)
+    # One fast or slow call among three moves nothing: neither the first timing nor the mean is kept.
+    assert calibration.plain_seconds_per_token == pytest.approx(0.09)
+    assert dict(calibration.verify_seconds) == pytest.approx({1: 0.13, 4: 0.3, 8: 0.58})
+    assert calibration.draft_seconds_per_token == 0.004
