@@ -181,7 +181,11 @@ class PredictionDrafter(InFront):
             tokens = await self._checked(context, plan.request_id, found.tokens)  # a lookup path is cut the same way
             found = replace(found, tokens=tokens, probs=DraftRows.one_hot(tokens, self.vocabulary.n_vocab),
                             checked=True, beyond=found.beyond if tokens == found.tokens else None)
-        return found if found.declined or not declined else replace(found, declined=declined, match=aligned.match)
+        if found.declined or not declined:
+            return found
+        # The prediction's declined path, to learn from; a lookup path of the route's keeps the match it was found by.
+        return replace(found, declined=declined,
+                       match=found.match if len(found) and found.source != Source.MODEL else aligned.match)
 
     async def _copy(self, aligned: Alignment, context: Sequence[int], plan: DraftPlan, limit: int,
                     checked: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -201,6 +201,15 @@ async def test_after_an_edit_the_models_draft_leads_and_the_prediction_follows_i
     assert declined.led == 0 and declined.source == "model"  # a path not worth verifying is not added either
 
 
+async def test_a_route_lookup_path_keeps_its_own_match_beside_a_declined_prediction() -> None:
+    inner = route_drafter()
+    inner.propose = lambda context, asked: _lookup([600, 601], match=7)
+    drafter = PredictionDrafter(inner, PREDICTION_IDS, prompt_length=3)
+    found = await drafter.propose([1, 2, 3], plan(8, worth=lambda probs, match: 0))  # the prediction's path declined
+    assert (found.source, found.tokens, found.declined) == ("lookup", (600, 601), tuple(PREDICTION_IDS[:8]))
+    assert found.match == 7  # the path verified is judged by the match it was found after
+
+
 async def test_a_lookup_path_in_a_prediction_request_is_checked_too() -> None:
     prompt, found = [1, 2, 3], [600 + i for i in range(8)]
     written = len(prompt) + len(LONG)
@@ -212,5 +221,5 @@ async def test_a_lookup_path_in_a_prediction_request_is_checked_too() -> None:
     assert (after.probs.dense().max(axis=1) == 1).all() and after.probs.dense()[3, 999] == 1
 
 
-async def _lookup(tokens: list[int]) -> Draft:
-    return Draft(tuple(tokens), one_hot(tokens, WideVocabulary.n_vocab), "lookup")
+async def _lookup(tokens: list[int], match: int = 0) -> Draft:
+    return Draft(tuple(tokens), one_hot(tokens, WideVocabulary.n_vocab), "lookup", match=match)
