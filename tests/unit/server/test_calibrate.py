@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import itertools
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,15 +25,19 @@ DRAFT_SECONDS = 0.003  # what the toy draft says each token took
 
 
 class TimedToyDrafter(ToyDrafter):
-    """The toy draft, timing its tokens as the llama.cpp drafter does."""
+    """The toy draft, timing its tokens as the llama.cpp drafter does: each draft's tokens took the next time given."""
+
+    def __init__(self, seconds: Iterator[float]) -> None:
+        super().__init__(ToyModel(seed=3))
+        self.seconds = seconds
 
     async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
-        return replace(await super().propose(context, plan), seconds_per_token=DRAFT_SECONDS)
+        return replace(await super().propose(context, plan), seconds_per_token=next(self.seconds))
 
 
 def timed_toy(options: Any) -> TimedToyDrafter:
     """The draft loader: the timed toy draft, whatever file the route names."""
-    return TimedToyDrafter(ToyModel(seed=3))
+    return TimedToyDrafter(itertools.repeat(DRAFT_SECONDS))
 
 
 @pytest.fixture
@@ -120,22 +125,11 @@ class ScriptedTarget:
         self.now += self.durations[f"verify {len(draft.tokens)}"].pop(0)
 
 
-class ScriptedToyDrafter(ToyDrafter):
-    """The toy draft, saying each draft's tokens took the next scripted time."""
-
-    def __init__(self, seconds: list[float]) -> None:
-        super().__init__(ToyModel(seed=3))
-        self.seconds = seconds
-
-    async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
-        return replace(await super().propose(context, plan), seconds_per_token=self.seconds.pop(0))
-
-
 async def test_each_cost_is_the_median_of_its_timings(tmp_path: Path) -> None:
     route = config("http://127.0.0.1:1", tmp_path, "model").routes[0]
     target = ScriptedTarget({"plain": [0.09, 0.07, 0.10], "verify 1": [0.12, 0.13, 0.5],
                              "verify 4": [0.2, 0.31, 0.3], "verify 8": [0.6, 0.55, 0.58]})
-    drafter = ScriptedToyDrafter([0.5, 0.004, 0.003, 0.01])  # the first draft read the context first
+    drafter = TimedToyDrafter(iter([0.5, 0.004, 0.003, 0.01]))  # the first draft read the context first
     calibration = await calibrate(route, target, drafter, clock=target.clock)
     # One fast or slow call among three moves nothing: neither the first timing nor the mean is kept.
     assert calibration.plain_seconds_per_token == pytest.approx(0.09)
