@@ -59,6 +59,7 @@ class Calibration:
     plain_seconds_per_token: float | None  # the target decoding alone, its prefill left out
     verify_seconds: tuple[tuple[int, float], ...]  # (K, seconds) of each timed verification
     draft_seconds_per_token: float | None  # the model drafting (None: the route has no model draft)
+    draft_read_seconds_per_token: float | None = None  # the model reading context it has not seen, per token
 
 
 @dataclass
@@ -76,6 +77,7 @@ class RouteCosts:
     alpha_per_position: list[Ewma] = field(init=False)  # the model draft's survival: position j and all before
     guess_right: Ewma = field(init=False)  # after a round accepted everything, a draft-ahead guessed the next token
     draft_per_token: Ewma = field(init=False)
+    draft_read_per_token: Ewma = field(init=False)  # the model reading unseen context (timed at start-up)
     verify_by_k: dict[int, Ewma] = field(init=False)
     context_by_k: dict[int, Ewma] = field(init=False)  # the context lengths those verifications saw
     plain_per_token: Ewma = field(init=False)  # target-only decoding with the draft model idle, as in passthrough
@@ -97,6 +99,7 @@ class RouteCosts:
         self.alpha_per_position = [Ewma(self.weight) for _ in range(self.k_max)]
         self.guess_right = Ewma(self.weight)
         self.draft_per_token = Ewma(self.weight)
+        self.draft_read_per_token = Ewma(self.weight)
         self.verify_by_k = {}
         self.context_by_k = {}
         self.plain_per_token = Ewma(self.weight)
@@ -174,6 +177,8 @@ class RouteCosts:
             self.context_by_k.setdefault(k, Ewma(self.weight)).add(calibration.context)
         if calibration.draft_seconds_per_token is not None:
             self.draft_per_token.add(calibration.draft_seconds_per_token * self.scale)
+        if calibration.draft_read_seconds_per_token is not None:
+            self.draft_read_per_token.add(calibration.draft_read_seconds_per_token * self.scale)
         if calibration.plain_seconds_per_token is not None:
             self.plain_per_token.add(calibration.plain_seconds_per_token)
 

@@ -21,7 +21,7 @@ from proxy.control.costs import RouteCosts, survival
 from proxy.control.evidence import RequestEvidence
 from proxy.control.lookup import MIN_PLAIN_CHUNK, LookupOdds
 from proxy.decode.decision import Decision, Measure, Plain, Read, Speculate, model_k
-from proxy.decode.events import Event
+from proxy.decode.events import Event, PlainEvent, RoundEvent
 
 NO_DRAFT_K = 0  # the choice not to draft: a request starting passes through, one under way decodes plainly
 MIN_ROUNDS_BEFORE_SWITCH = 2  # a request (a probe especially) measures a few rounds before it may switch
@@ -128,8 +128,12 @@ class RequestPolicy:
     """One request's K each round, from its own evidence (control.evidence) and the route's costs."""
 
     def __init__(self, costs: RouteCosts, settings: FallbackConfig, configured_k: int, start: Choice,
-                 *, explore: bool = True, pipelined: bool | None = None, reads_along: bool = False) -> None:
+                 *, explore: bool = True, pipelined: bool | None = None, reads_along: bool = False,
+                 reads_first: int = 0, max_tokens: int | None = None) -> None:
         self._costs, self._settings, self._configured_k = costs, settings, configured_k
+        # Where the model takes turns with the target, its first draft reads the prompt (and what came since) first,
+        # the target waiting: that is worth it only if drafting can save as much over the tokens left.
+        self._reads_first, self._max_tokens, self._produced = reads_first, max_tokens, 0
         # The draft reads what the target writes, which counts as rounds. Reading is exploring: a request
         # on a lookup route that turned its model off does not read, unless it probes the model.
         self._reads_along = reads_along and explore
@@ -144,6 +148,8 @@ class RequestPolicy:
         """Count this request's rounds (the model's acceptance apart) and its lookups."""
         self.evidence.observe(event)
         self.lookup.observe(event)
+        self._produced += len(event.emitted if isinstance(event, RoundEvent)
+                              else event.tokens if isinstance(event, PlainEvent) else ())
 
     def lookup_length(self, probs: Sequence[float], match: int, decision: Decision) -> int:
         """The worthwhile prefix of a lookup path, against plain decoding and the model draft at the round's K."""
@@ -157,6 +163,8 @@ class RequestPolicy:
     def _model_rate(self, decision: Decision) -> float | None:
         """The model draft's predicted tokens/s at this request's K (None when it is off or not measured): the
         round's, once the request has evidence of its own, else its mode's (a first decision may be only to read)."""
+        if self._reading_unpaid() is not None:
+            return None
         k = model_k(decision) if self.evidence.own_rounds >= MIN_ROUNDS_BEFORE_SWITCH else self.current.k
         return (self._costs.speculative_rate(k, curve=self.survival()[:k], pipelined=self._pipelined,
                                              context=self.evidence.context) if k > 0 else None)
@@ -176,6 +184,24 @@ class RequestPolicy:
             return None
         best = self._best_if([1.0] * self._settings.k_max)
         return replace(best, reason=f"even accepting every draft, {best.reason}") if best.k == NO_DRAFT_K else None
+
+    def _reading_unpaid(self) -> Choice | None:
+        """Plain decoding (lookup paths still tried) until the model drafts on this request, where its first draft
+        would make the target wait for it to read the context for longer than drafting could save on the tokens left,
+        even accepting every draft; else None."""
+        read_per_token, plain = self._costs.draft_read_per_token.value, self._costs.plain_rate
+        if (not self._reads_first or self.evidence.drafted or self._max_tokens is None or read_per_token is None
+                or plain is None):
+            return None
+        best = self._best_if([1.0] * self._settings.k_max)
+        if best.predicted_rate is None:
+            return None
+        unread, left = self._reads_first + self._produced, self._max_tokens - self._produced
+        reading, saving = unread * read_per_token, left * (1.0 / plain - 1.0 / best.predicted_rate)
+        if reading < saving:
+            return None
+        return Choice(NO_DRAFT_K, f"reading {unread} tokens first would hold the target {reading:.2f} s, more than"
+                                  f" drafting could save on {left} tokens ({max(saving, 0.0):.2f} s)", plain, plain)
 
     def _ruled_out(self) -> Choice | None:
         """Plain decoding where the measured costs say no draft could pay, unless this request is a probe that has
@@ -232,6 +258,8 @@ class RequestPolicy:
             return Measure(MEASURING), None
         if (lost := self._measured_loss()) is not None:
             return lost.decision(), lost
+        if (unpaid := self._reading_unpaid()) is not None:
+            return unpaid.decision(), None
         if own.own_rounds < MIN_ROUNDS_BEFORE_SWITCH:
             return self._first_rounds(), None
         alpha = own.accepted / own.drafted if own.drafted else self._costs.alpha.value

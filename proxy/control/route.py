@@ -101,8 +101,8 @@ class RouteController:
             self.current = measured_loss(rate, self.costs.plain_rate, self.settings) or self.current
         return self.current
 
-    def policy(self, *, forced: bool = False, pipelined: bool | None = None,
-               reads_along: bool = False) -> RequestPolicy | PinnedPolicy:
+    def policy(self, *, forced: bool = False, pipelined: bool | None = None, reads_along: bool = False,
+               reads_first: int = 0, max_tokens: int | None = None) -> RequestPolicy | PinnedPolicy:
         """A new request's policy, starting from the route's decision; a forced one drafts at the configured K.
 
         On a route that looks up, every request speculates, so the model draft, once the route has
@@ -114,7 +114,8 @@ class RouteController:
         if self.looks_up and self.current.k == NO_DRAFT_K:
             explore = self._count_towards_probe()  # the request counts; the probe explores
         return RequestPolicy(self.costs, self.settings, self.configured_k, self.current, explore=explore,
-                             pipelined=pipelined, reads_along=reads_along)
+                             pipelined=pipelined, reads_along=reads_along, reads_first=reads_first,
+                             max_tokens=max_tokens)
 
     def start_request(self) -> tuple[bool, str]:
         """Whether a new request should speculate, and why."""

@@ -68,26 +68,31 @@ async def calibrate(route: Route, target: Target, drafter: Drafter,
             started = clock()
             await target.score(list(context), draft, ScorePlan(GREEDY, top_n, 0))
             verify[k].append(clock() - started)
-    drafting = await _draft_seconds_per_token(drafter, context, route.speculation.k, target, top_n)
+    drafting, reading = await _draft_seconds_per_token(drafter, context, route.speculation.k, target, top_n, clock)
     return Calibration(len(context), statistics.median(plain_seconds) if plain_seconds else None,
-                       tuple((k, statistics.median(seconds)) for k, seconds in verify.items()), drafting)
+                       tuple((k, statistics.median(seconds)) for k, seconds in verify.items()), drafting, reading)
 
 
-async def _draft_seconds_per_token(drafter: Drafter, context: Sequence[int], k: int, target: Target,
-                                   top_n: int) -> float | None:
-    """The draft model's time per drafted token (None: the route drafts by lookup only, or no sequence was free)."""
+async def _draft_seconds_per_token(drafter: Drafter, context: Sequence[int], k: int, target: Target, top_n: int,
+                                   clock: Callable[[], float]) -> tuple[float | None, float | None]:
+    """The draft model's time per drafted token, and per token of context it read first (None, None: the route
+    drafts by lookup only, or no sequence was free)."""
     if not drafter.fits(len(context) + k) or not drafter.reserve(CALIBRATION_ID, context):
-        return None
+        return None, None
     # No lookup path is worth verifying here, so a hybrid drafts with its model.
     plan = DraftPlan(k, GREEDY, target.order, top_n, np.random.default_rng(0), CALIBRATION_ID, k,
                      worth=lambda _probs, _match: 0)
     try:
-        timed = []
-        for _ in range(1 + TIMINGS):  # the first reads the context (its reading is left out, not its warm-up)
+        timed, first = [], (0.0, 0)  # per drafted token; the first proposal's (seconds, drafted tokens)
+        for attempt in range(1 + TIMINGS):  # the first reads the context, then drafts as the others do
+            started = clock()
             draft = await drafter.propose(context, plan)
             if draft.source != Source.MODEL or draft.seconds_per_token is None:
-                return None
+                return None, None
+            first = (clock() - started, len(draft.tokens)) if attempt == 0 else first
             timed.append(draft.seconds_per_token)
-        return statistics.median(timed[1:])
+        drafting = statistics.median(timed[1:])
+        # What the first proposal took beyond drafting at the others' rate was the reading.
+        return drafting, max(0.0, first[0] - drafting * first[1]) / len(context)
     finally:
         drafter.release(CALIBRATION_ID)

@@ -122,7 +122,8 @@ def calibration_fields(calibration: Calibration) -> dict[str, object]:
 
     return {"plain_ms_per_token": ms(calibration.plain_seconds_per_token),
             "verify_ms_by_k": {k: ms(seconds) for k, seconds in calibration.verify_seconds},
-            "draft_ms_per_token": ms(calibration.draft_seconds_per_token), "context": calibration.context}
+            "draft_ms_per_token": ms(calibration.draft_seconds_per_token),
+            "draft_read_ms_per_token": ms(calibration.draft_read_seconds_per_token), "context": calibration.context}
 
 
 CONFIG = web.AppKey("config", Config)

@@ -75,8 +75,11 @@ def _session(app: web.Application, runtime: RouteRuntime, admitted: Admitted, re
     # by the model's first draft if it ever drafts.
     warm_up = chosen and not runtime.takes_turns
     reads_along = warm_up and parsed.sampling_params.greedy
+    # Taking turns, the target waits while the model's first draft reads the prompt.
+    reads_first = len(admitted.prompt_ids) if runtime.takes_turns else 0
     policy = (PinnedPolicy(control.pinned_k) if control.pinned_k
-              else controller.policy(forced=control.forced, pipelined=pipelined, reads_along=reads_along))
+              else controller.policy(forced=control.forced, pipelined=pipelined, reads_along=reads_along,
+                                     reads_first=reads_first, max_tokens=admitted.max_tokens))
     # Only rounds the route's controller chose teach it: a client forcing or pinning K would steer everyone's mode.
     publish = Publisher([policy.observe, stats, *([controller.observe] if chosen else []),
                          RouteMetrics(app[METRICS], runtime.name, controller), SwitchLog(log), *shown])

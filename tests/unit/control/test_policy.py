@@ -295,6 +295,24 @@ def test_a_request_on_calibrated_costs_that_cannot_pay_never_drafts_or_reads() -
         assert not isinstance(decision, Measure)  # the calibration measured the plain rate
 
 
+@pytest.mark.parametrize(("reads_first", "max_tokens", "drafts"), [
+    (500, 32, False),  # reading 500 tokens (5 s) first: 32 tokens could save 0.7 s at best
+    (500, 2048, True),  # ... 2,048 tokens up to 45 s
+    (0, 32, True),  # the model reads on cores of its own: the target never waits for it
+])
+def test_a_model_taking_turns_drafts_only_where_the_tokens_left_could_repay_its_reading(
+        reads_first: int, max_tokens: int, drafts: bool) -> None:
+    """Taking turns with the target, the model's first draft reads the prompt while the target waits."""
+    costs = RouteCosts(0.1, 4)
+    # 20 tok/s plain; every draft accepted, 5 tokens per 0.04 + 0.1 s: 0.022 s saved a token
+    costs.seed(Calibration(64, 0.05, ((4, 0.1),), 0.01, draft_read_seconds_per_token=0.01))
+    policy = RequestPolicy(costs, FallbackConfig(k_min=4, k_max=4), 4, Choice(4, "start"),
+                           reads_first=reads_first, max_tokens=max_tokens)
+    decision = policy.decide()
+    assert (model_k(decision) == 4) == drafts
+    assert ("reading 500 tokens first would hold the target 5.00 s" in decision.reason) == (not drafts)
+
+
 def test_a_probe_times_one_round_before_costs_rule_the_model_out() -> None:
     """Costs timed long ago (a busy start-up, say) must not rule the model out for good: a probe re-times them."""
     costs = RouteCosts(0.1, 4)

@@ -99,7 +99,8 @@ async def test_check_says_where_the_draft_shares_cores_and_what_it_timed(fake_ur
     assert found["cores"].startswith("the draft model (") and "shares this machine's 2 cores" in found["cores"]
     assert "they take turns, the draft computing with 2 threads" in found["cores"]
     assert found["costs at start-up"].startswith("plain ") and "k=32" in found["costs at start-up"]
-    assert found["costs at start-up"].endswith(f"draft {DRAFT_SECONDS * 1000} ms a token")
+    assert f"draft {DRAFT_SECONDS * 1000} ms a token, " in found["costs at start-up"]
+    assert found["costs at start-up"].endswith(" ms a token read")
     # The fake answers in microseconds: a draft at 3 ms a token could never pay, and the route knows it already.
     assert found["model draft"].startswith("even accepting every draft, speculation predicted")
 
@@ -135,3 +136,25 @@ async def test_each_cost_is_the_median_of_its_timings(tmp_path: Path) -> None:
     assert calibration.plain_seconds_per_token == pytest.approx(0.09)
     assert dict(calibration.verify_seconds) == pytest.approx({1: 0.13, 4: 0.3, 8: 0.58})
     assert calibration.draft_seconds_per_token == 0.004
+
+
+class ClockedToyDrafter(TimedToyDrafter):
+    """The timed toy draft on a pinned clock: each draft moves it by its tokens' time, the first also by a reading."""
+
+    def __init__(self, target: ScriptedTarget, reading: float) -> None:
+        super().__init__(itertools.repeat(DRAFT_SECONDS))
+        self.target, self.reading = target, reading
+
+    async def propose(self, context: Sequence[int], plan: DraftPlan) -> Draft:
+        draft = await super().propose(context, plan)
+        self.target.now += self.reading + DRAFT_SECONDS * len(draft.tokens)
+        self.reading = 0.0  # the context is read once
+        return draft
+
+
+async def test_the_draft_models_reading_is_timed_apart_from_its_drafting(tmp_path: Path) -> None:
+    route = config("http://127.0.0.1:1", tmp_path, "model").routes[0]
+    target = ScriptedTarget({"plain": [0.09] * 3, "verify 1": [0.1] * 3, "verify 4": [0.2] * 3, "verify 8": [0.5] * 3})
+    calibration = await calibrate(route, target, ClockedToyDrafter(target, reading=0.6), clock=target.clock)
+    assert calibration.draft_seconds_per_token == DRAFT_SECONDS
+    assert calibration.draft_read_seconds_per_token == pytest.approx(0.6 / calibration.context)
