@@ -90,6 +90,14 @@ class PeerSample:
     tokens_per_second: float | None
     speculation: Speculation | None
 
+    @property
+    def decode_rate(self) -> float | None:
+        """Tokens after the first ÷ the time after the first (None: not streamed, or one token)."""
+        if self.error is not None or self.ttft_s is None or not self.completion_tokens or self.completion_tokens < 2:
+            return None
+        after = self.seconds - self.ttft_s
+        return (self.completion_tokens - 1) / after if after > 0 else None
+
 
 @dataclass(frozen=True)
 class PeerRow:
@@ -104,6 +112,7 @@ class PeerRow:
     errors: int
     tokens_per_second: Spread | None
     ttft_ms: float | None
+    decode_tokens_per_second: float | None  # median over prompts: what an answer's length does not move
     alpha: float | None
     tokens_per_round: float | None
     drafted: int
@@ -114,7 +123,7 @@ class PeerRow:
 def _row(samples: Sequence[PeerSample]) -> PeerRow:
     first = samples[0]
     ok = [s for s in samples if s.error is None and s.tokens_per_second]
-    ttft = spread(s.ttft_s for s in ok)
+    ttft, decode = spread(s.ttft_s for s in ok), spread(s.decode_rate for s in ok)
     speculations = [s.speculation for s in ok if s.speculation is not None]
     drafted, accepted = sum(s.drafted for s in speculations), sum(s.accepted for s in speculations)
     counted = [s for s in speculations if s.rounds is not None and s.emitted is not None]
@@ -122,7 +131,8 @@ def _row(samples: Sequence[PeerSample]) -> PeerRow:
     emitted = sum(s.emitted or 0.0 for s in counted)
     return PeerRow(first.regime, first.rtt_ms, first.temperature, first.workload, first.row, len(samples),
                    len(samples) - len(ok), spread(s.tokens_per_second for s in ok),
-                   ttft.median * 1000.0 if ttft else None, ratio(accepted, drafted) if drafted else None,
+                   ttft.median * 1000.0 if ttft else None, decode.median if decode else None,
+                   ratio(accepted, drafted) if drafted else None,
                    emitted / rounds if rounds else None, drafted, accepted, rounds)
 
 
@@ -165,16 +175,21 @@ def markdown(rows: Sequence[PeerRow], header: str) -> str:
     """The table, one line per row, with the glossary's notes under it."""
     against = comparisons(rows)
     lines = [f"### {header}", "",
-             "| regime | RTT ms | T | workload | row | tok/s | ÷ llama | ÷ llama's best | TTFT ms | α | τ |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| regime | RTT ms | T | workload | row | tok/s | ÷ llama | ÷ llama's best | TTFT ms | decode tok/s "
+             "| α | τ |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, row in enumerate(rows):
         failed = f" ({row.errors} of {row.requests} failed)" if row.errors else ""
         plain, best = against[i]
         lines.append(f"| {row.regime} | {_rtt(row.rtt_ms)} | {row.temperature:g} | {row.workload} | {row.row}{failed} "
                      f"| {number(_rate(row), 1)} | {number(plain, 2, '×')} | {number(best, 2, '×')} "
-                     f"| {number(row.ttft_ms, 0)} | {number(row.alpha, 2)} | {number(row.tokens_per_round, 2)} |")
+                     f"| {number(row.ttft_ms, 0)} | {number(row.decode_tokens_per_second, 1)} | {number(row.alpha, 2)} "
+                     f"| {number(row.tokens_per_round, 2)} |")
     notes = ("tok/s: median over prompts, end to end. ÷ llama: ÷ plain llama-server; ÷ llama's best: ÷ the fastest "
-             "llama-server row, plain or speculative (same regime, RTT, T and workload). α: accepted ÷ drafted. "
+             "llama-server row, plain or speculative (same regime, RTT, T and workload). decode tok/s: median over "
+             "prompts of the tokens after the first ÷ the time after the first (greedy rows may answer at different "
+             "lengths where near-ties tip, and end to end a shorter answer carries its prefill over fewer tokens). "
+             "α: accepted ÷ drafted. "
              "τ: tokens per verification round. Every row ran in processes of its own, each prompt fresh.")
     return "\n".join([*lines, "", notes]) + "\n"
 

@@ -208,6 +208,7 @@ def test_summarise_rows() -> None:
     assert draft.alpha == 0.5 and draft.tokens_per_round is None  # rounds not reported
     assert (ours.requests, ours.errors, ours.alpha, ours.tokens_per_round) == (2, 1, 0.5, 3.0)
     assert ours.ttft_ms == 250.0
+    assert ours.decode_tokens_per_second == pytest.approx(63 / 1.75)  # the failed prompt counts for nothing
 
 
 def test_each_row_is_compared_with_plain_llama_server_and_its_fastest_row() -> None:
@@ -230,7 +231,7 @@ def test_markdown_and_json() -> None:
     text = peers_report.markdown(rows, "peers")
     assert text.startswith("### peers\n\n| regime | RTT ms | T | workload | row | tok/s |")
     assert ("| shared | – | 0 | code_editing | llama-server --spec-type ngram-simple | 28.0 | 1.33× | 1.00× "
-            "| 250 | 0.60 | 3.00 |") in text
+            "| 250 | 36.0 | 0.60 | 3.00 |") in text
     assert "| Speculoos + our verifier (1 of 2 failed) | 14.0 | 0.67× | 0.50× |" in text
     assert "| two-device | 10 | 0 | code_editing | llama-server | 10.0 | 1.00× | 1.00× |" in text
     document = peers_report.as_json(rows, SAMPLES, {"prompts": 2})
