@@ -121,8 +121,8 @@ def _costs(runtime: RouteRuntime) -> list[tuple[str, str]]:
     verify = ", ".join(f"k={k} {ms} ms" for k, ms in fields["verify_ms_by_k"].items())  # type: ignore[attr-defined]
     draft = fields["draft_ms_per_token"]
     text = (f"plain {fields['plain_ms_per_token']} ms a token; verification {verify}"
-            + (f"; draft {draft} ms a token" if draft is not None else "")
-            + (f", {fields['draft_read_ms_per_token']} ms a token read" if draft is not None else ""))
+            + (f"; draft {draft} ms a token, {fields['draft_read_ms_per_token']} ms a token read"
+               if draft is not None else ""))
     return [("costs at start-up", text), ("model draft", runtime.controller.current.reason)]
 
 
