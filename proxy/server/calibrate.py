@@ -1,4 +1,4 @@
-"""A route's start-up calibration: the target's plain steps and verifications and the draft model's steps, timed.
+"""A route's start-up calibration: the target's plain steps and verifications, the draft model's steps and reading.
 
 A fresh route that learns its costs from requests makes its first requests pay for the lesson (on
 shared CPU cores a model round can cost many plain steps). Timed before any request, the same
@@ -68,12 +68,12 @@ async def calibrate(route: Route, target: Target, drafter: Drafter,
             started = clock()
             await target.score(list(context), draft, ScorePlan(GREEDY, top_n, 0))
             verify[k].append(clock() - started)
-    drafting, reading = await _draft_seconds_per_token(drafter, context, route.speculation.k, target, top_n, clock)
+    drafting, reading = await _draft_costs(drafter, context, route.speculation.k, target, top_n, clock)
     return Calibration(len(context), statistics.median(plain_seconds) if plain_seconds else None,
                        tuple((k, statistics.median(seconds)) for k, seconds in verify.items()), drafting, reading)
 
 
-async def _draft_seconds_per_token(drafter: Drafter, context: Sequence[int], k: int, target: Target, top_n: int,
+async def _draft_costs(drafter: Drafter, context: Sequence[int], k: int, target: Target, top_n: int,
                                    clock: Callable[[], float]) -> tuple[float | None, float | None]:
     """The draft model's time per drafted token, and per token of context it read first (None, None: the route
     drafts by lookup only, or no sequence was free)."""
