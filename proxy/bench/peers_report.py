@@ -93,7 +93,7 @@ class PeerSample:
     @property
     def decode_rate(self) -> float | None:
         """Tokens after the first ÷ the time after the first (None: not streamed, or one token)."""
-        if self.error is not None or self.ttft_s is None or not self.completion_tokens or self.completion_tokens < 2:
+        if self.error is not None or self.ttft_s is None or (self.completion_tokens or 0) < 2:
             return None
         after = self.seconds - self.ttft_s
         return (self.completion_tokens - 1) / after if after > 0 else None

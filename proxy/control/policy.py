@@ -178,11 +178,15 @@ class RequestPolicy:
         return choose_k(self._costs, self._settings, self._configured_k, alpha=None, alpha_rounds=0, speculating=True,
                         pipelined=self._pipelined, context=self.evidence.context, curve=curve)
 
+    def _every_draft_accepted(self) -> Choice:
+        """The rule's choice were every draft accepted: the model's ceiling at this request's costs."""
+        return self._best_if([1.0] * self._settings.k_max)
+
     def _hopeless(self) -> Choice | None:
         """Plain decoding when even accepting every draft would be slower at the measured costs, else None."""
         if self._costs.plain_rate is None:
             return None
-        best = self._best_if([1.0] * self._settings.k_max)
+        best = self._every_draft_accepted()
         return replace(best, reason=f"even accepting every draft, {best.reason}") if best.k == NO_DRAFT_K else None
 
     def _reading_unpaid(self) -> Choice | None:
@@ -193,7 +197,7 @@ class RequestPolicy:
         if (not self._reads_first or self.evidence.drafted or self._max_tokens is None or read_per_token is None
                 or plain is None):
             return None
-        best = self._best_if([1.0] * self._settings.k_max)
+        best = self._every_draft_accepted()
         if best.predicted_rate is None:
             return None
         unread, left = self._reads_first + self._produced, self._max_tokens - self._produced

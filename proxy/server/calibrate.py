@@ -74,7 +74,7 @@ async def calibrate(route: Route, target: Target, drafter: Drafter,
 
 
 async def _draft_costs(drafter: Drafter, context: Sequence[int], k: int, target: Target, top_n: int,
-                                   clock: Callable[[], float]) -> tuple[float | None, float | None]:
+                       clock: Callable[[], float]) -> tuple[float | None, float | None]:
     """The draft model's time per drafted token, and per token of context it read first (None, None: the route
     drafts by lookup only, or no sequence was free)."""
     if not drafter.fits(len(context) + k) or not drafter.reserve(CALIBRATION_ID, context):
