@@ -174,30 +174,31 @@ class RequestPolicy:
         return self.evidence.survival(self._costs.survival(self._settings.k_max))
 
     def _best_if(self, curve: Sequence[float]) -> Choice:
-        """The rule at this request's costs and context, were its survival curve the given (optimistic) one."""
+        """The rule at this request's costs and context, were its survival curve the given one."""
         return choose_k(self._costs, self._settings, self._configured_k, alpha=None, alpha_rounds=0, speculating=True,
                         pipelined=self._pipelined, context=self.evidence.context, curve=curve)
-
-    def _every_draft_accepted(self) -> Choice:
-        """The rule's choice were every draft accepted: the model's ceiling at this request's costs."""
-        return self._best_if([1.0] * self._settings.k_max)
 
     def _hopeless(self) -> Choice | None:
         """Plain decoding when even accepting every draft would be slower at the measured costs, else None."""
         if self._costs.plain_rate is None:
             return None
-        best = self._every_draft_accepted()
+        best = self._best_if([1.0] * self._settings.k_max)
         return replace(best, reason=f"even accepting every draft, {best.reason}") if best.k == NO_DRAFT_K else None
 
     def _reading_unpaid(self) -> Choice | None:
         """Plain decoding (lookup paths still tried) until the model drafts on this request, where its first draft
-        would make the target wait for it to read the context for longer than drafting could save on the tokens left,
-        even accepting every draft; else None."""
+        would make the target wait for it to read the context for longer than drafting could save on the tokens left
+        at the acceptance this request expects (the route's, or the neutral prior before any was measured); else None.
+
+        Expected, not perfect, acceptance: the reading is paid for certain, the saving only as often as drafts are
+        accepted, and where the draft is not much faster than its target every draft accepted is the one case that
+        pays at all.
+        """
         read_per_token, plain = self._costs.draft_read_per_token.value, self._costs.plain_rate
         if (not self._reads_first or self.evidence.drafted or self._max_tokens is None or read_per_token is None
                 or plain is None):
             return None
-        best = self._every_draft_accepted()
+        best = self._best_if(self.survival())
         if best.predicted_rate is None:
             return None
         unread, left = self._reads_first + self._produced, self._max_tokens - self._produced
@@ -205,7 +206,8 @@ class RequestPolicy:
         if reading < saving:
             return None
         return Choice(NO_DRAFT_K, f"reading {unread} tokens first would hold the target {reading:.2f} s, more than"
-                                  f" drafting could save on {left} tokens ({max(saving, 0.0):.2f} s)", plain, plain)
+                                  f" drafting could save on {left} tokens at the acceptance expected"
+                                  f" ({max(saving, 0.0):.2f} s)", plain, plain)
 
     def _ruled_out(self) -> Choice | None:
         """Plain decoding where the measured costs say no draft could pay, unless this request is a probe that has

@@ -296,16 +296,18 @@ def test_a_request_on_calibrated_costs_that_cannot_pay_never_drafts_or_reads() -
 
 
 @pytest.mark.parametrize(("reads_first", "max_tokens", "drafts"), [
-    (500, 32, False),  # reading 500 tokens (5 s) first: 32 tokens could save 0.7 s at best
-    (500, 2048, True),  # ... 2,048 tokens up to 45 s
+    (500, 32, False),  # reading 500 tokens (5 s) first: 32 tokens would save 0.3 s at the expected acceptance
+    (500, 256, False),  # ... 256 tokens 2.2 s (every draft accepted, they would save 8.7 s)
+    (500, 2048, True),  # ... 2,048 tokens 18 s
     (0, 32, True),  # the model reads on cores of its own: the target never waits for it
 ])
 def test_a_model_taking_turns_drafts_only_where_the_tokens_left_could_repay_its_reading(
         reads_first: int, max_tokens: int, drafts: bool) -> None:
-    """Taking turns with the target, the model's first draft reads the prompt while the target waits."""
+    """Taking turns with the target, the model's first draft reads the prompt while the target waits: paid for
+    certain, against a saving only as likely as its drafts' acceptance (the neutral prior, none measured yet)."""
     costs = RouteCosts(0.1, 4)
-    # 20 tok/s plain; every draft accepted, 5 tokens per 0.04 + 0.1 s: 0.022 s saved a token
-    costs.seed(Calibration(64, 0.05, ((4, 0.1),), 0.01, draft_read_seconds_per_token=0.01))
+    # 20 tok/s plain; rounds of 4 drafts in 0.02 + 0.06 s: 1.94 tokens at α 0.5 (24 tok/s), 5 if all accepted
+    costs.seed(Calibration(64, 0.05, ((4, 0.06),), 0.005, draft_read_seconds_per_token=0.01))
     policy = RequestPolicy(costs, FallbackConfig(k_min=4, k_max=4), 4, Choice(4, "start"),
                            reads_first=reads_first, max_tokens=max_tokens)
     decision = policy.decide()
