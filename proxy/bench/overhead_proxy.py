@@ -70,7 +70,8 @@ class ProxyThread:
         from proxy.server.app import create_app  # the proxy's modules, only once the command runs
 
         self.clock.thread = threading.get_ident()
-        self._runner = web.AppRunner(create_app(self.config), access_log=None, handler_cancellation=True)
+        self._runner = web.AppRunner(create_app(self.config, settle_heap=True),  # the collector as `serve` tunes it
+                                     access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()

@@ -20,7 +20,7 @@ from proxy.engine.llama import EngineOptions
 from proxy.errors import UpstreamError
 from proxy.models import fetch as models
 from proxy.observability.metrics import Metrics
-from proxy.server import admin, guard, handlers, live, other_paths
+from proxy.server import admin, guard, handlers, heap, live, other_paths
 from proxy.server.cores import MODEL_KINDS, shares_cores
 from proxy.server.in_flight import in_flight_limit
 from proxy.server.runtime import CONFIG, METRICS, RUNTIMES, RouteRuntime
@@ -122,6 +122,12 @@ async def open_resources(config: Config, load_drafter: DrafterLoader, *, cost_sc
     return resources
 
 
+async def _settled_heap(_: web.Application) -> AsyncIterator[None]:
+    """The collector tuned while the app serves (start-up's objects frozen), as it was before once it closes."""
+    with heap.settled():
+        yield
+
+
 async def _inspect(runtime: RouteRuntime) -> None:
     """Probe the upstream and check tokenizers at start-up; an unreachable upstream is checked later."""
     try:
@@ -135,8 +141,9 @@ async def _inspect(runtime: RouteRuntime) -> None:
 
 
 def create_app(config: Config, *, load_drafter: DrafterLoader = LlamaDrafter.load,
-               cost_scale: float = 1.0) -> web.Application:
-    """The proxy application for a validated config (cost_scale: see open_resources)."""
+               cost_scale: float = 1.0, settle_heap: bool = False) -> web.Application:
+    """The proxy application for a validated config (cost_scale: see open_resources; settle_heap: the garbage
+    collector tuned once the routes are open, for a process that serves this app alone)."""
     # The guard inside the error middleware: its refusals are rendered like every other error.
     held = in_flight_limit(config.server.max_in_flight, config.server.max_parsed_bytes,
                            config.server.max_body_parsed_bytes)
@@ -153,6 +160,8 @@ def create_app(config: Config, *, load_drafter: DrafterLoader = LlamaDrafter.loa
         await resources.close()
 
     app.cleanup_ctx.append(route_resources)
+    if settle_heap:
+        app.cleanup_ctx.append(_settled_heap)
     app.router.add_post("/v1/chat/completions", handlers.chat_completions)
     app.router.add_post("/v1/completions", handlers.completions)
     app.router.add_get("/v1/models", admin.list_models)

@@ -71,8 +71,8 @@ def run_serve(args: argparse.Namespace) -> int:
     # The browser guard and the live page judge Host headers by the address actually bound, not the file's.
     config = config.model_copy(update={"server": config.server.model_copy(update={"host": host, "port": port})})
     print(f"speculoos: proxy on http://{host}:{port}/v1", flush=True)
-    web.run_app(create_app(config, cost_scale=scale), host=host, port=port, print=None, access_log=None,
-                handler_cancellation=True)
+    web.run_app(create_app(config, cost_scale=scale, settle_heap=True), host=host, port=port, print=None,
+                access_log=None, handler_cancellation=True)
     return 0
 
 
