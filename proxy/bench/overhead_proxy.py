@@ -1,11 +1,12 @@
-"""`bench overhead`'s proxy: the app served from a thread of its own, its CPU time, its loop's lag, and what its
-rounds published while measuring."""
+"""`bench overhead`'s proxy: the app served from a thread of its own, its CPU time, its loop's lag, the garbage
+collector's share, and what its rounds published while measuring."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import copy
+import gc
 import threading
 import time
 from typing import Any
@@ -22,6 +23,28 @@ from proxy.observability.request_stats import RequestStats
 LOOP_TICK_S = 0.010
 
 
+class CollectorClock:
+    """The CPU time of the garbage collector's runs on one thread (a gc callback): their total and the longest."""
+
+    def __init__(self) -> None:
+        self.thread = 0
+        self.total = self.longest = 0.0
+        self._started: float | None = None
+
+    def __call__(self, phase: str, _info: dict[str, int]) -> None:
+        if threading.get_ident() != self.thread:
+            return
+        if phase == "start":
+            self._started = time.thread_time()
+        elif self._started is not None:
+            spent, self._started = time.thread_time() - self._started, None
+            self.total, self.longest = self.total + spent, max(self.longest, spent)
+
+    def reset(self) -> None:
+        """Count from now."""
+        self.total = self.longest = 0.0
+
+
 class ProxyThread:
     """The proxy app served from a thread of its own, with its own loop; its CPU time is read inside that thread."""
 
@@ -35,6 +58,7 @@ class ProxyThread:
         self._samples: list[tuple[float, int]] = []
         self._monitor: asyncio.Task | None = None
         self._patches = contextlib.ExitStack()
+        self.collector = CollectorClock()
 
     async def call(self, coroutine: Any) -> Any:
         """Run a coroutine on the proxy's loop and wait for it from this one."""
@@ -50,6 +74,8 @@ class ProxyThread:
 
         self._patches.enter_context(_attribute(Publisher, "__call__", counting))
         self._patches.enter_context(stages.patched(self.clock, stages.proxy_stages()))
+        gc.callbacks.append(self.collector)
+        self._patches.callback(gc.callbacks.remove, self.collector)
         self._thread.start()
         try:
             self.url = await self.call(self._serve())
@@ -69,7 +95,7 @@ class ProxyThread:
     async def _serve(self) -> str:
         from proxy.server.app import create_app  # the proxy's modules, only once the command runs
 
-        self.clock.thread = threading.get_ident()
+        self.clock.thread = self.collector.thread = threading.get_ident()
         self._runner = web.AppRunner(create_app(self.config, settle_heap=True),  # the collector as `serve` tunes it
                                      access_log=None, handler_cancellation=True)
         await self._runner.setup()
@@ -96,15 +122,18 @@ class ProxyThread:
     async def begin(self) -> float:
         """Zero the counters (on the proxy thread); the thread's CPU time now."""
         self.clock.reset()
+        self.collector.reset()
         self.tally.__init__()  # type: ignore[misc]
         self._lag, self._samples = 0.0, [(time.thread_time(), 0)]
         return time.thread_time()
 
-    async def end(self) -> tuple[float, dict[str, float], RequestStats, float, list[tuple[float, int]]]:
-        """The thread's CPU time now, and what was counted since begin()."""
+    async def end(self) -> tuple[float, dict[str, float], RequestStats, float, list[tuple[float, int]],
+                                 tuple[float, float]]:
+        """The thread's CPU time now, and what was counted since begin() (the collector's: total, longest)."""
         now = time.thread_time()
         tally = copy.copy(self.tally)
-        return now, dict(self.clock.totals), tally, self._lag, [*self._samples, (now, tally.rounds)]
+        collector = (self.collector.total, self.collector.longest)
+        return now, dict(self.clock.totals), tally, self._lag, [*self._samples, (now, tally.rounds)], collector
 
 
 @contextlib.contextmanager

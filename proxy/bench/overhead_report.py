@@ -30,6 +30,8 @@ class Row:
     cpu_ms_per_token: float | None
     rounds_per_s: float
     loop_lag_ms: float
+    gc_ms_per_round: float | None  # the garbage collector's CPU, within the stages it interrupted
+    gc_longest_ms: float  # its longest run: a hold of the loop
     draft_wall_ms_per_round: float | None  # the rounds' wait for their drafts (the model's compute is elsewhere)
     window_rounds: int
     stages_ms_per_round: dict[str, float | None]
@@ -59,6 +61,8 @@ def row_from(configuration: Configuration, measurement: Measurement, context_tok
         cpu_ms_per_token=_ratio(measurement.cpu_seconds, measurement.tokens, 1000),
         rounds_per_s=tally.rounds / measurement.wall_seconds if measurement.wall_seconds else 0.0,
         loop_lag_ms=measurement.lag_seconds * 1000,
+        gc_ms_per_round=_ratio(measurement.collector_seconds[0], tally.rounds, 1000),
+        gc_longest_ms=measurement.collector_seconds[1] * 1000,
         draft_wall_ms_per_round=_ratio(tally.draft_seconds, tally.rounds, 1000), window_rounds=window,
         stages_ms_per_round=stages.per_round_ms(split, tally.rounds), pinned=configuration.pinned)
 
@@ -68,7 +72,7 @@ def _number(value: float | None, digits: int = 2) -> str:
 
 
 COLUMNS = ("draft", "T", "K", "streams", "context", "rounds", "drafted/rd", "tokens/rd", "CPU ms/rd median",
-           "p95", "mean", "CPU ms/token", "rounds/s", "loop lag ms", "draft wall ms/rd",
+           "p95", "mean", "CPU ms/token", "rounds/s", "loop lag ms", "GC ms/rd", "GC longest ms", "draft wall ms/rd",
            *(f"{stage} ms/rd" for stage in (*stages.STAGES, stages.OTHER)))
 
 
@@ -82,7 +86,7 @@ def markdown(rows: list[Row], *, header: bool = True) -> str:
                  str(row.rounds), _number(row.drafted_per_round, 1), _number(row.tokens_per_round, 1),
                  _number(row.cpu_ms_per_round), _number(row.cpu_ms_p95), _number(row.cpu_ms_per_round_mean),
                  _number(row.cpu_ms_per_token, 3), f"{row.rounds_per_s:.0f}", _number(row.loop_lag_ms, 1),
-                 _number(row.draft_wall_ms_per_round),
+                 _number(row.gc_ms_per_round, 3), _number(row.gc_longest_ms, 1), _number(row.draft_wall_ms_per_round),
                  *(_number(row.stages_ms_per_round[stage], 3) for stage in (*stages.STAGES, stages.OTHER))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

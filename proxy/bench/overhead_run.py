@@ -48,6 +48,7 @@ class Measurement:
     samples: list[tuple[float, int]] = field(default_factory=list)
     tokens: int = 0
     errors: list[str] = field(default_factory=list)
+    collector_seconds: tuple[float, float] = (0.0, 0.0)  # the collector's CPU on the proxy thread: total, longest
 
 
 def route_model(k: int) -> str:
@@ -89,7 +90,7 @@ async def measure(proxy: ProxyThread, load: Load, prompt: str, configuration: Co
     tokens, errors = await load.clients(proxy.url, prompt, configuration, configuration.streams,
                                         configuration.requests_per_stream)
     wall = time.perf_counter() - started
-    cpu_end, totals, tally, lag, samples = await proxy.call(proxy.end())
+    cpu_end, totals, tally, lag, samples, collector = await proxy.call(proxy.end())
     if errors:
         raise BenchError(f"{len(errors)} request(s) failed, first: {errors[0]}")
-    return Measurement(cpu_end - cpu_start, wall, totals, tally, lag, samples, tokens)
+    return Measurement(cpu_end - cpu_start, wall, totals, tally, lag, samples, tokens, collector_seconds=collector)

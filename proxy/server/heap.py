@@ -1,7 +1,7 @@
 """The cyclic garbage collector tuned for a server whose heap is mostly what start-up built.
 
 Start-up leaves tens of thousands of long-lived objects (the tokenizer's vocabulary, the app, the routes). Every
-full collection walks them all again, holding the event loop: 126 ms once in a 25-second run of 64 streams. And a
+full collection walks them all again, holding the event loop: 132 ms once in a 25-second run of 64 streams. And a
 round keeps containers of the context's tokens alive across the young generation's collections, which then walk
 every token in them: at 64 streams, 161 young collections took 0.48 s of the proxy's CPU in the same run. Frozen
 after start-up, the start-up heap is out of the collector's sight; collected every YOUNG_THRESHOLD net allocations

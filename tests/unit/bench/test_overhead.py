@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import threading
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 from proxy.bench import cli, overhead, overhead_stages
 from proxy.bench.client import BenchError
 from proxy.bench.overhead_load import request_body
+from proxy.bench.overhead_proxy import CollectorClock
 from proxy.bench.overhead_target import FakeState, copy_next, plain_answer, verification_answer
 from proxy.targets.sglang import parse_verification
 
@@ -167,6 +169,40 @@ def test_calls_from_another_thread_are_not_counted() -> None:
     clock = overhead_stages.StageClock(thread=-1)
     assert overhead_stages.timed(clock, "stage", lambda: 3)() == 3
     assert clock.totals == {}
+
+
+def test_the_collector_is_timed_on_its_thread_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeClock()
+    monkeypatch.setattr(overhead_stages.time, "thread_time", fake)
+    collector = CollectorClock()
+    collector.thread = threading.get_ident()
+    for spent in (2.0, 5.0):
+        collector("start", {})
+        fake.now += spent
+        collector("stop", {})
+
+    def another_threads_collection() -> None:
+        collector("start", {})
+        fake.now += 100.0
+        collector("stop", {})
+
+    elsewhere = threading.Thread(target=another_threads_collection)
+    elsewhere.start()
+    elsewhere.join()
+    assert (collector.total, collector.longest) == (7.0, 5.0)
+    collector.reset()
+    assert (collector.total, collector.longest) == (0.0, 0.0)
+
+
+def test_the_collector_clock_counts_a_real_collection() -> None:
+    collector = CollectorClock()
+    collector.thread = threading.get_ident()
+    gc.callbacks.append(collector)
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(collector)
+    assert 0.0 < collector.longest <= collector.total
 
 
 def test_every_stage_names_a_function_the_proxy_calls_by_that_name() -> None:
