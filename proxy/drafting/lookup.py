@@ -140,7 +140,8 @@ class SuffixDrafter(LookupDrafter):
         query = np.asarray(context, dtype=np.int64)
         found = continuations(query, query, settings)
         history = self._history(plan.request_id)
-        if history is not None:
+        # A path as long as allowed and sure at every token scores the most any path can: the history cannot beat it.
+        if history is not None and not (found and found[0].score >= settings.max_tokens):
             shared = continuations(history.corpus(), query, settings)
             if shared and (not found or shared[0].score > found[0].score):
                 history.touch(shared[0].anchor)

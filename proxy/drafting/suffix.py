@@ -20,6 +20,9 @@ import numpy as np
 SEPARATOR = -1  # between documents in a corpus: no match or continuation crosses it
 MAX_MATCH = 64  # longest tail compared; longer matches say nothing more
 NODES_TRIED = 4  # distinct match lengths walked per lookup, longest first
+# A node's continuations are counted in Python up to this many occurrences: numpy's fixed cost per call (tens of µs)
+# is more than a dictionary's whole count below it, and most nodes have a handful.
+RANKED_IN_PYTHON = 128
 
 
 @dataclass(frozen=True)
@@ -108,23 +111,34 @@ def _walk(corpus: np.ndarray, ends: np.ndarray, cap: int, min_prob: float, prefi
             probs.append(prob)
             positions = positions + 1
             continue
+        (best, count), *others = _ranked(following, positions)
+        if branches_wanted and others:
+            second, second_count = others[0]
+            branches.append((prob * second_count / following.size, len(tokens), second, positions[following == second]))
+        prob *= count / following.size
+        if prob < min_prob:
+            break
+        tokens.append(best)
+        probs.append(prob)
+        positions = positions[following == best] + 1
+    anchoring = (prefix.match_length, prefix.anchor) if prefix else ()
+    return Continuation(tuple(tokens), tuple(probs), *anchoring), branches
+
+
+def _ranked(following: np.ndarray, positions: np.ndarray) -> list[tuple[int, int]]:
+    """The two leading continuations and their counts: the most frequent first, ties to the most recent."""
+    if following.size > RANKED_IN_PYTHON:
         values, inverse, counts = np.unique(following, return_inverse=True, return_counts=True)
         latest = np.full(values.size, -1, dtype=np.int64)
         np.maximum.at(latest, inverse, positions)
-        order = np.lexsort((-latest, -counts))  # most frequent, then most recent
-        best = order[0]
-        if branches_wanted and len(order) > 1:
-            second = order[1]
-            branches.append((float(prob * counts[second] / following.size), len(tokens), int(values[second]),
-                             positions[following == values[second]]))
-        prob *= float(counts[best] / following.size)
-        if prob < min_prob:
-            break
-        tokens.append(int(values[best]))
-        probs.append(prob)
-        positions = positions[following == values[best]] + 1
-    anchoring = (prefix.match_length, prefix.anchor) if prefix else ()
-    return Continuation(tuple(tokens), tuple(probs), *anchoring), branches
+        order = np.lexsort((-latest, -counts))[:2]
+        return list(zip(values[order].tolist(), counts[order].tolist()))
+    counts: dict[int, int] = {}
+    latest_of: dict[int, int] = {}
+    for token, position in zip(following.tolist(), positions.tolist()):
+        counts[token] = counts.get(token, 0) + 1
+        latest_of[token] = position  # positions ascend: the last one seen is the latest
+    return sorted(counts.items(), key=lambda item: (-item[1], -latest_of[item[0]]))[:2]
 
 
 def _agreed_run(corpus: np.ndarray, positions: np.ndarray, limit: int) -> int:
@@ -142,7 +156,7 @@ def _best_node(corpus: np.ndarray, ends: np.ndarray, lengths: np.ndarray,
                settings: LookupSettings) -> tuple[Continuation, list] | None:
     """The best-scoring walk from the nodes of the NODES_TRIED longest match lengths, with its branches."""
     best: tuple[Continuation, list] | None = None
-    for length in np.unique(lengths)[::-1][:NODES_TRIED]:
+    for length in np.flatnonzero(np.bincount(lengths))[::-1][:NODES_TRIED]:  # the distinct lengths, longest first
         cap = min(settings.max_tokens, int(settings.factor * length))
         if best is not None and best[0].score >= cap:
             break  # a shorter match drafts at most `cap` tokens, none surer than 1: it cannot score higher

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from proxy.drafting import lookup as lookup_module
 from proxy.drafting.lookup import HybridDrafter, SuffixDrafter
 from proxy.drafting.suffix import LookupSettings, OutputHistory, ScopedHistory, continuations, match_lengths
 from tests.fakes.drafter import ScriptedDrafter
@@ -129,6 +130,25 @@ async def test_the_history_is_scoped_per_tenant_unless_shared_across_the_route(
     drafter.reserve("second", [8], tenant=reader)
     assert (await drafter.propose([8, 2, 3], plan(request_id="second"))).tokens == expected
     drafter.release("second")
+
+
+async def test_the_history_is_not_searched_when_the_request_itself_has_a_sure_path_as_long_as_allowed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    drafter = SuffixDrafter(ScriptedDrafter(lambda context, k: []), LookupSettings(factor=8.0), history_tokens=1000)
+    drafter.reserve("first", [1])
+    await drafter.propose([1, 2, 3, 4, 5, 6, 7], plan(request_id="first"))
+    drafter.release("first")
+    searched = []
+    real = lookup_module.continuations
+    monkeypatch.setattr(lookup_module, "continuations", lambda corpus, *rest: searched.append(corpus.size) or
+                        real(corpus, *rest))
+    context = [8, 2, 3, 4, 5, 8, 2, 3]  # the request copies 4, 5 after 8, 2, 3; the history holds 4, 5, 6, 7
+    drafter.reserve("second", [8])
+    assert (await drafter.propose(context, plan(request_id="second", k=2))).tokens == (4, 5)
+    assert searched == [len(context)]  # two sure tokens, the most a path may have: the history could not do better
+    searched.clear()
+    assert (await drafter.propose(context, plan(request_id="second", k=8))).tokens == (4, 5, 8, 2, 3)
+    assert len(searched) == 2  # with room for more, the history is read too
 
 
 def test_scopes_share_one_bound_and_the_least_recently_used_scope_gives_way() -> None:

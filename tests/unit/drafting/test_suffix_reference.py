@@ -61,6 +61,24 @@ def reference_walk(corpus: np.ndarray, ends: np.ndarray, cap: int, min_prob: flo
     return Continuation(tuple(tokens), tuple(probs), *anchoring), branches
 
 
+def reference_ranked(following: np.ndarray, positions: np.ndarray) -> list[tuple[int, int]]:
+    """The two leading continuations with np.unique, as the walk first counted them."""
+    values, inverse, counts = np.unique(following, return_inverse=True, return_counts=True)
+    latest = np.full(values.size, -1, dtype=np.int64)
+    np.maximum.at(latest, inverse, positions)
+    order = np.lexsort((-latest, -counts))[:2]
+    return [(int(values[i]), int(counts[i])) for i in order]
+
+
+@pytest.mark.parametrize("occurrences", [1, 3, suffix.RANKED_IN_PYTHON, suffix.RANKED_IN_PYTHON + 1, 1000])
+def test_continuations_are_ranked_as_the_reference_ranks_them(occurrences: int) -> None:
+    rng = np.random.default_rng(occurrences)
+    for _ in range(50):
+        following = rng.integers(0, rng.integers(1, 6), occurrences)  # few distinct tokens: equal counts are common
+        positions = np.sort(rng.choice(10 * occurrences, occurrences, replace=False))
+        assert suffix._ranked(following, positions) == reference_ranked(following, positions)
+
+
 def reference_best_node(corpus: np.ndarray, ends: np.ndarray, lengths: np.ndarray,
                         settings: LookupSettings) -> tuple[Continuation, list] | None:
     """Every one of the NODES_TRIED longest match lengths walked, as the lookup first did."""
@@ -121,13 +139,9 @@ def test_a_copy_is_walked_without_counting_continuations(monkeypatch: pytest.Mon
     text = rng.integers(0, 10_000, 300)
     corpus = np.concatenate([text, text[:120]])  # the output copies the start of the prompt
     counted = []
-    unique = np.unique
-
-    def counting(values, *args, **kwargs):  # noqa: ANN001, ANN202 -- np.unique's signature
-        counted.append(kwargs.get("return_counts", False))
-        return unique(values, *args, **kwargs)
-
-    monkeypatch.setattr(suffix.np, "unique", counting)
+    ranked = suffix._ranked
+    monkeypatch.setattr(suffix, "_ranked", lambda following, positions: counted.append(following.size) or
+                        ranked(following, positions))
     (path,) = suffix.continuations(corpus, corpus, LookupSettings(max_tokens=32, factor=32.0))
     assert path.tokens == tuple(text[120:152].tolist()) and path.probs == (1.0,) * 32
-    assert not any(counted)  # no step counted the tokens that follow: each had one continuation
+    assert not counted  # no step counted the tokens that follow: each had one continuation
