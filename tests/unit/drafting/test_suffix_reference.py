@@ -28,6 +28,15 @@ def reference_match_lengths(corpus: np.ndarray, query: np.ndarray, limit: int) -
     return ends, lengths
 
 
+def reference_ranked(following: np.ndarray, positions: np.ndarray) -> list[tuple[int, int]]:
+    """The two leading continuations with np.unique, as the walk first counted them."""
+    values, inverse, counts = np.unique(following, return_inverse=True, return_counts=True)
+    latest = np.full(values.size, -1, dtype=np.int64)
+    np.maximum.at(latest, inverse, positions)
+    order = np.lexsort((-latest, -counts))[:2]
+    return [(int(values[i]), int(counts[i])) for i in order]
+
+
 def reference_walk(corpus: np.ndarray, ends: np.ndarray, cap: int, min_prob: float, prefix: Continuation | None = None,
                    *, branches_wanted: bool = False) -> tuple[Continuation, list]:
     """Every step counted with np.unique, as the lookup first did."""
@@ -42,32 +51,19 @@ def reference_walk(corpus: np.ndarray, ends: np.ndarray, cap: int, min_prob: flo
         positions, following = positions[following != SEPARATOR], following[following != SEPARATOR]
         if not following.size:
             break
-        values, inverse, counts = np.unique(following, return_inverse=True, return_counts=True)
-        latest = np.full(values.size, -1, dtype=np.int64)
-        np.maximum.at(latest, inverse, positions)
-        order = np.lexsort((-latest, -counts))
-        best = order[0]
-        if branches_wanted and len(order) > 1:
-            second = order[1]
-            branches.append((float(prob * counts[second] / following.size), len(tokens), int(values[second]),
-                             positions[following == values[second]]))
-        prob *= float(counts[best] / following.size)
+        (best, count), *others = reference_ranked(following, positions)
+        if branches_wanted and others:
+            second, second_count = others[0]
+            branches.append((float(prob * second_count / following.size), len(tokens), second,
+                             positions[following == second]))
+        prob *= float(count / following.size)
         if prob < min_prob:
             break
-        tokens.append(int(values[best]))
+        tokens.append(best)
         probs.append(prob)
-        positions = positions[following == values[best]] + 1
+        positions = positions[following == best] + 1
     anchoring = (prefix.match_length, prefix.anchor) if prefix else ()
     return Continuation(tuple(tokens), tuple(probs), *anchoring), branches
-
-
-def reference_ranked(following: np.ndarray, positions: np.ndarray) -> list[tuple[int, int]]:
-    """The two leading continuations with np.unique, as the walk first counted them."""
-    values, inverse, counts = np.unique(following, return_inverse=True, return_counts=True)
-    latest = np.full(values.size, -1, dtype=np.int64)
-    np.maximum.at(latest, inverse, positions)
-    order = np.lexsort((-latest, -counts))[:2]
-    return [(int(values[i]), int(counts[i])) for i in order]
 
 
 @pytest.mark.parametrize("occurrences", [1, 3, suffix.RANKED_IN_PYTHON, suffix.RANKED_IN_PYTHON + 1, 1000])
