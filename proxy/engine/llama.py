@@ -82,7 +82,8 @@ class LlamaEngine:
         params.n_batch = params.n_ubatch = options.n_batch
         params.n_seq_max = options.n_seq
         params.kv_unified = False
-        # As llama-cpp-python's loader does: the same attention kernels as plain llama.cpp, same logits.
+        # As llama-cpp-python's loader does (same logits). On the CPU flash attention skips the cache's padding
+        # to 256 cells but costs more a cell: measured 0-3 % faster up to 400 tokens, 15 % slower at 2,000.
         params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         params.n_threads = params.n_threads_batch = threads
         self._ctx = LlamaContext(model=self._llama._model, params=params, verbose=False)
