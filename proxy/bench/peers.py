@@ -1,8 +1,8 @@
 """`speculoos bench peers`: the proxy beside llama-server's own speculation, one GGUF pair, the same prompts.
 
-Rows, each in processes of its own started afresh for every regime, round trip and temperature (no
-row sees another's answers; no route has history from another row), all of a setting's rows up at once
-and taking turns prompt by prompt:
+Rows, each in processes of its own started afresh for every regime, round trip, temperature and workload
+(no row sees another's answers; no route has history or measurements from another row or workload, as a
+fresh route would not), all of a setting's rows up at once and taking turns prompt by prompt:
     llama-server                      plain
     llama-server --model-draft        the draft model inside the server (--spec-type draft-simple)
     llama-server --spec-type TYPE     a draft-free lookup inside the server (ngram-simple, ...)
@@ -211,17 +211,21 @@ def _models(args: argparse.Namespace, peers: Sequence[Peer]) -> Models:
 
 
 def _measure_all(args: argparse.Namespace, chosen: Plan, models: Models, folder: Path) -> list[PeerSample]:
-    """Every row in every setting, each row in processes of its own, all of a setting's rows up at once."""
+    """Every row in every setting and workload, each row in processes of its own, all of their rows up at once."""
     samples: list[PeerSample] = []
     for setting in chosen.settings:
         client = args.client_cores if setting.regime == TWO_DEVICE else None
-        with ExitStack() as stack:
-            # An idle server computes nothing, so the rows waiting for their turn cost the measured one no time.
-            bases = [stack.enter_context(serving(peer, setting, models, folder, server_cores=args.server_cores,
-                                                 client_cores=args.client_cores)) for peer in chosen.peers]
-            with client_on(client):
-                samples += asyncio.run(measure(bases, chosen.peers, setting, chosen.workloads, prompts=args.prompts,
-                                               max_tokens=args.max_tokens, timeout_s=args.timeout))
+        # Fresh processes for each workload: a route starts as a user's would, and a process that runs slow
+        # for its whole life (measured here: 10 % for a whole run) weighs on one workload, not on all.
+        for workload in chosen.workloads:
+            with ExitStack() as stack:
+                # An idle server computes nothing, so the rows waiting for their turn cost the measured one no time.
+                bases = [stack.enter_context(serving(peer, setting, models, folder, server_cores=args.server_cores,
+                                                     client_cores=args.client_cores, workload=workload.name))
+                         for peer in chosen.peers]
+                with client_on(client):
+                    samples += asyncio.run(measure(bases, chosen.peers, setting, [workload], prompts=args.prompts,
+                                                   max_tokens=args.max_tokens, timeout_s=args.timeout))
     return samples
 
 

@@ -189,8 +189,8 @@ def markdown(rows: Sequence[PeerRow], header: str) -> str:
              "llama-server row, plain or speculative (same regime, RTT, T and workload). decode tok/s: median over "
              "prompts of the tokens after the first ÷ the time after the first (greedy rows may answer at different "
              "lengths where near-ties tip, and end to end a shorter answer carries its prefill over fewer tokens). "
-             "α: accepted ÷ drafted. "
-             "τ: tokens per verification round. Every row ran in processes of its own, each prompt fresh.")
+             "α: accepted ÷ drafted. τ: tokens per verification round. Every row ran in processes of its own, "
+             "started afresh for each workload; each prompt fresh.")
     return "\n".join([*lines, "", notes]) + "\n"
 
 

@@ -78,11 +78,13 @@ class Models:
 
 @contextmanager
 def serving(peer: Peer, setting: Setting, models: Models, folder: Path, *, server_cores: Collection[int],
-            client_cores: Collection[int]) -> Iterator[str]:
-    """The row's processes, fresh, stopped on exit; yields the base URL the client sends to."""
+            client_cores: Collection[int], workload: str = "") -> Iterator[str]:
+    """The row's processes, fresh, stopped on exit; yields the base URL the client sends to (`workload` names
+    their logs)."""
     two_device = setting.regime == TWO_DEVICE
     server = set(server_cores) if two_device else None
-    stem = f"{setting.regime}-{setting.rtt_ms or 0:g}ms-t{setting.temperature:g}-{peer.name.replace(' ', '_')}"
+    stem = (f"{setting.regime}-{setting.rtt_ms or 0:g}ms-t{setting.temperature:g}-{workload + '-' if workload else ''}"
+            f"{peer.name.replace(' ', '_')}")
     threads = draft_threads = 1 if two_device else None
     if peer.kind == SPECULOOS and not two_device:  # as scripts/run.sh starts them: every core each, taking turns
         threads = draft_threads = usable_cores()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -283,3 +285,30 @@ async def test_the_rows_take_turns_prompt_by_prompt_and_who_goes_first_rotates()
                         f"verifier {first[1]}", f"verifier {first[2]}", f"speculoos {first[2]}"]
     assert [(s.row, s.prompt, s.completion_tokens) for s in samples][:2] == [
         ("our verifier", 0, 1), ("Speculoos + our verifier", 0, 1)]
+
+
+def test_every_workload_gets_fresh_processes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    events: list[tuple[str, str, str]] = []
+
+    @contextlib.contextmanager
+    def serving(peer: Peer, setting: Setting, *_: object, workload: str, **__: object) -> Iterator[str]:
+        events.append(("start", peer.kind, workload))
+        yield f"http://{peer.kind}"
+        events.append(("stop", peer.kind, workload))
+
+    async def measure(bases: list[str], _peers: list[Peer], _setting: Setting, workloads: list, **_: object) -> list:
+        events.append(("measure", ",".join(bases), ",".join(w.name for w in workloads)))
+        return []
+
+    monkeypatch.setattr(peers, "serving", serving)
+    monkeypatch.setattr(peers, "measure", measure)
+    args = parse("peers", "--workloads", "code_editing,open_chat", "--rows", "verifier,speculoos",
+                 "--temperatures", "0")
+    peers._measure_all(args, peers.plan(args), None, tmp_path)  # type: ignore[arg-type]
+    assert events == [
+        ("start", VERIFIER, "code_editing"), ("start", SPECULOOS, "code_editing"),
+        ("measure", f"http://{VERIFIER},http://{SPECULOOS}", "code_editing"),
+        ("stop", SPECULOOS, "code_editing"), ("stop", VERIFIER, "code_editing"),
+        ("start", VERIFIER, "open_chat"), ("start", SPECULOOS, "open_chat"),
+        ("measure", f"http://{VERIFIER},http://{SPECULOOS}", "open_chat"),
+        ("stop", SPECULOOS, "open_chat"), ("stop", VERIFIER, "open_chat")]
