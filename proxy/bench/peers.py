@@ -215,8 +215,8 @@ def _measure_all(args: argparse.Namespace, chosen: Plan, models: Models, folder:
     samples: list[PeerSample] = []
     for setting in chosen.settings:
         client = args.client_cores if setting.regime == TWO_DEVICE else None
-        # Fresh processes for each workload: a route starts as a user's would, and a process that runs slow
-        # for its whole life (measured here: 10 % for a whole run) weighs on one workload, not on all.
+        # Fresh processes for each workload: a route starts as a user's would, and a process that runs slow for
+        # its whole life (one verifier ran 10 % slow through a whole run on a 2-core machine) weighs on one workload.
         for workload in chosen.workloads:
             with ExitStack() as stack:
                 # An idle server computes nothing, so the rows waiting for their turn cost the measured one no time.
