@@ -29,6 +29,12 @@ def survival(alpha: float, measured: Sequence[float | None], k: int) -> list[flo
     return curve
 
 
+def right_prefix(path: Sequence[int], said: Sequence[int]) -> tuple[int, int]:
+    """(positions compared, how many of them matched before the first difference)."""
+    compared = min(len(path), len(said))
+    return compared, next((i for i in range(compared) if path[i] != said[i]), compared)
+
+
 def read_windows(agreed: Sequence[bool], k: int) -> tuple[list[int], list[int]]:
     """A read chunk as the greedy rounds the draft would have made, one starting at each token: per position j < k,
     how many of them reach j (j tokens remain in the chunk) and how many accept every draft up to j."""

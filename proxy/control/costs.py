@@ -24,6 +24,7 @@ from proxy.control.acceptance import (
     draft_ahead_hit,
     match_class,
     read_windows,
+    right_prefix,
     survival,
 )
 from proxy.control.cost_model import MeasuredVerify, at_context, fit_context_slope
@@ -121,8 +122,11 @@ class RouteCosts:
                 self.model_round_seconds.add((event.draft_seconds + event.verify_seconds) * self.scale)
                 self.model_round_tokens.add(len(event.emitted))
                 self.model_round_ceiling.add(len(event.drafted) + 1)
-        elif isinstance(event, PlainEvent) and not event.prefill:
-            self.record_plain(len(event.tokens), event.seconds, draft_busy=event.draft_busy)
+        elif isinstance(event, PlainEvent):
+            if event.lookup_missed:
+                self._record_declined(event.match, event.declined, event.tokens)
+            if not event.prefill:
+                self.record_plain(len(event.tokens), event.seconds, draft_busy=event.draft_busy)
         elif isinstance(event, ReadEvent):
             self.record_read(event.agreed)
 
@@ -143,6 +147,7 @@ class RouteCosts:
                 for position in range(min(path, len(survival))):
                     survival[position].add(1.0 if position < right else 0.0)
         elif k > 0:
+            self._record_declined(event.match, event.declined, event.emitted)
             self.alpha.add(accepted / k)
             for position in range(min(k, len(self.alpha_per_position))):
                 self.alpha_per_position[position].add(1.0 if position < accepted else 0.0)
@@ -200,6 +205,13 @@ class RouteCosts:
         """
         if tokens >= MIN_PLAIN_TOKENS and seconds > 0:
             (self.plain_reading_per_token if draft_busy else self.plain_per_token).add(seconds / tokens)
+
+    def _record_declined(self, match: int, declined: Sequence[int], produced: Sequence[int]) -> None:
+        """A lookup path not worth verifying, checked against what the target produced instead."""
+        compared, right = right_prefix(declined, produced)
+        curve = self.lookup_survival[match_class(match)]
+        for position in range(min(compared, len(curve))):
+            curve[position].add(1.0 if position < right else 0.0)
 
     def verified_sizes(self) -> int:
         """How many different K have a measured verification time."""

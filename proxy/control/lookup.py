@@ -4,12 +4,12 @@ A lookup path comes with the index's own estimate of each token (the share of ea
 occurrences that continued that way), which says nothing when a path was seen once. What decides
 instead is survival: how often a lookup path's j-th token was right, measured on this request's
 paths (verified ones, and declined ones checked against what the target then produced) with the
-route's measurements as the prior, each kept apart by how long a tail of the context the path's
-source matched (a path found after one matching token is right far less often than one found
-after eight). Verifying L tokens then emits 1 + Σ_{j<L} c_j tokens on
-average, c_j = estimate_j · survival_j, in verify_time(L): measured by K, so on a CPU, where it
-grows with K, a path is cut where its next token stops paying, and on a GPU, where it is flat, it
-is kept.
+route's measurements of both as the prior (a neutral one until it has any), each kept apart by
+how long a tail of the context the path's source matched (a path found after one matching token
+is right far less often than one found after eight). Verifying L tokens then emits
+1 + Σ_{j<L} c_j tokens on average, c_j = estimate_j · survival_j, in verify_time(L): measured by
+K, so on a CPU, where it grows with K, a path is cut where its next token stops paying, and on a
+GPU, where it is flat, it is kept.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from proxy.config.section import MAX_K
-from proxy.control.acceptance import MATCH_CLASSES, match_class
+from proxy.control.acceptance import MATCH_CLASSES, UNMEASURED_ALPHA, match_class, right_prefix, survival
 from proxy.control.costs import RouteCosts
 from proxy.decode.events import Event, PlainEvent, RoundEvent
 from proxy.drafting.base import Source
@@ -54,12 +54,6 @@ def plain_chunk_size(hits: int, lookups: int) -> int:
     return int(min(MAX_PLAIN_CHUNK, max(MIN_PLAIN_CHUNK, round(MIN_PLAIN_CHUNK / hit_rate))))
 
 
-def right_prefix(path: Sequence[int], said: Sequence[int]) -> tuple[int, int]:
-    """(positions compared, how many of them matched before the first difference)."""
-    compared = min(len(path), len(said))
-    return compared, next((i for i in range(compared) if path[i] != said[i]), compared)
-
-
 class LookupOdds:
     """One request's lookup paths: their survival by position and match class, hits and misses, and the worthwhile
     length."""
@@ -88,22 +82,35 @@ class LookupOdds:
         self.right[cls, :right] += 1
         self.hits += right > 0
 
-    def survival(self, n: int, match: int) -> np.ndarray:
+    def survival(self, n: int, match: int, *, predicted: bool = False) -> np.ndarray:
         """P(a path of that match is right up to position j), j < n: this request's counts with the route's as the
-        prior, both of the path's match class.
+        prior, both of the path's match class (a client's prediction: certainty where the route has measured none).
 
         Each position is counted over the paths that reached it, so a deep position that no path has
         reached yet would keep its optimistic prior behind a shallow one that failed; being right up to
         j needs being right up to j − 1, so the curve never rises.
         """
         cls = match_class(match)
-        prior = np.array([e.value if e.value is not None else 1.0 for e in self._costs.lookup_survival[cls][:n]])
-        return np.minimum.accumulate((self.right[cls, :n] + PRIOR_WEIGHT * prior)
+        return np.minimum.accumulate((self.right[cls, :n] + PRIOR_WEIGHT * self._prior(cls, n, predicted))
                                      / (self.tried[cls, :n] + PRIOR_WEIGHT))
 
-    def length(self, estimates: Sequence[float], match: int, competing_rate: float | None) -> int:
+    def _prior(self, cls: int, n: int, predicted: bool) -> np.ndarray:
+        """The route's survival of paths of that match class; where it has measured none, a neutral one for a lookup
+        path and certainty for a client's prediction (the client's own statement of the output)."""
+        measured = [e.value for e in self._costs.lookup_survival[cls][:n]]
+        if not predicted and all(value is None for value in measured):
+            # The model draft's α per position, not certainty: a first path taken as sure is verified as far as
+            # certainty would pay, which on a CPU costs several plain steps when it is wrong (as a fresh route's
+            # first path usually was). A declined path is still checked against what the target writes next, so
+            # the request and the route learn from it at no cost.
+            return np.array(survival(UNMEASURED_ALPHA, [], n))
+        return np.array([1.0 if value is None else value for value in measured])  # capped by the measured before
+
+    def length(self, estimates: Sequence[float], match: int, competing_rate: float | None, *,
+               predicted: bool = False) -> int:
         """How many tokens of a path to verify (0: none), from its estimates, its match and the survival so far."""
-        odds = np.minimum(1.0, np.asarray(estimates, dtype=float) * self.survival(len(estimates), match))
+        odds = np.minimum(1.0, np.asarray(estimates, dtype=float)
+                          * self.survival(len(estimates), match, predicted=predicted))
         return lookup_length(self._costs, odds.tolist(), competing_rate)
 
     def chunk(self) -> int:

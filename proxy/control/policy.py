@@ -111,7 +111,7 @@ class PinnedPolicy:
     def observe(self, event: Event) -> None:
         """Nothing to learn."""
 
-    def lookup_length(self, probs: Sequence[float], match: int, decision: Decision) -> int:
+    def lookup_length(self, probs: Sequence[float], match: int, decision: Decision, *, predicted: bool = False) -> int:
         """Every token of the path (capped at the pinned K by the plan)."""
         return len(probs)
 
@@ -151,10 +151,10 @@ class RequestPolicy:
         self._produced += len(event.emitted if isinstance(event, RoundEvent)
                               else event.tokens if isinstance(event, PlainEvent) else ())
 
-    def lookup_length(self, probs: Sequence[float], match: int, decision: Decision) -> int:
+    def lookup_length(self, probs: Sequence[float], match: int, decision: Decision, *, predicted: bool = False) -> int:
         """The worthwhile prefix of a lookup path, against plain decoding and the model draft at the round's K."""
         competing = [r for r in (self._costs.plain_rate_estimate(), self._model_rate(decision)) if r is not None]
-        return self.lookup.length(probs, match, max(competing, default=None))
+        return self.lookup.length(probs, match, max(competing, default=None), predicted=predicted)
 
     def plain_chunk(self) -> int:
         """Tokens to decode plainly after a lookup miss, from how often this request's lookups hit."""

@@ -90,9 +90,9 @@ class Policy(Protocol):
         """This request's own events."""
         ...
 
-    def lookup_length(self, probs: Sequence[float], match: int, decision: Decision) -> int:
+    def lookup_length(self, probs: Sequence[float], match: int, decision: Decision, *, predicted: bool = False) -> int:
         """How many tokens of a lookup path are worth verifying (0: none), given each one's estimated probability,
-        how many context tokens the path matched, and the round's decision."""
+        how many context tokens the path matched, the round's decision, and whether the client predicted it."""
         ...
 
     def plain_chunk(self) -> int:

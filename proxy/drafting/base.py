@@ -6,7 +6,7 @@ and their locks stay private to the drafter that owns them.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -52,6 +52,12 @@ class Draft:
         return len(self.tokens)
 
 
+class Worth(Protocol):
+    """How many tokens of a path to verify (0: none): its estimates, its match, and whether the client predicted it."""
+
+    def __call__(self, probs: Sequence[float], match: int, *, predicted: bool = False) -> int: ...
+
+
 @dataclass(frozen=True)
 class DraftPlan:
     """What one round asks of a drafter."""
@@ -66,7 +72,7 @@ class DraftPlan:
     # How many of a lookup path's tokens are worth verifying, given the estimated probability that
     # the path is right up to each and how many context tokens it matched (0: none; a hybrid drafts with its
     # model instead). None: all.
-    worth: Callable[[Sequence[float], int], int] | None = None
+    worth: Worth | None = None
 
 
 class Vocabulary(Protocol):

@@ -192,7 +192,8 @@ class PredictionDrafter(InFront):
         """(the prediction's path from the alignment worth verifying, the path found but not worth it)."""
         # A path the model checks may run as far as the round allows: the model cuts it where the output departs.
         path = aligned.path(limit, floor=0.0 if checked else MIN_ESTIMATE)
-        length = plan.worth(path.probs, aligned.match) if plan.worth is not None and path.tokens else len(path.tokens)
+        length = (plan.worth(path.probs, aligned.match, predicted=True) if plan.worth is not None and path.tokens
+                  else len(path.tokens))
         if length <= 0:
             return (), path.tokens
         tokens = path.tokens[:length]
@@ -235,8 +236,8 @@ class PredictionDrafter(InFront):
 def _model_first(plan: DraftPlan) -> DraftPlan:
     """The plan while the output departs from the prediction: the model, which read the edit asked for, drafts it,
     and a lookup path shorter than its draft gives way."""
-    def worth(probs: Sequence[float], match: int) -> int:
-        length = plan.worth(probs, match) if plan.worth is not None else len(probs)
+    def worth(probs: Sequence[float], match: int, *, predicted: bool = False) -> int:
+        length = plan.worth(probs, match, predicted=predicted) if plan.worth is not None else len(probs)
         return length if length >= plan.k else 0
 
     return replace(plan, worth=worth)

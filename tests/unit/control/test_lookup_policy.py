@@ -107,6 +107,8 @@ def test_a_request_learns_how_far_its_lookup_paths_hold() -> None:
 @pytest.mark.parametrize("failed_match", [1, 12])
 def test_paths_found_after_long_matches_are_judged_apart_from_short_ones(failed_match: int) -> None:
     costs = model_priced(CPU, plain_seconds=0.06)
+    for match in (1, 12):  # earlier requests' paths, right in both classes
+        costs.observe(lookup_round(4, 4, match=match, seconds=CPU[4]))
     policy = RequestPolicy(costs, FallbackConfig(), 4, start=Choice(0, "model off"))
     untried = policy.lookup.length([1.0] * 16, 1, costs.plain_rate)  # what a sure path gets before any failed
     assert untried > 0
@@ -116,6 +118,34 @@ def test_paths_found_after_long_matches_are_judged_apart_from_short_ones(failed_
         policy.observe(failed)
     after_short, after_long = (policy.lookup.length([1.0] * 16, match, costs.plain_rate) for match in (1, 12))
     assert (after_short, after_long) == ((0, untried) if failed_match == 1 else (untried, 0))  # a copy is kept
+
+
+def test_a_fresh_route_does_not_bet_a_cpu_verification_on_its_first_path() -> None:
+    on_cpu = model_priced(CPU, plain_seconds=0.06)
+    policy = RequestPolicy(on_cpu, FallbackConfig(), 4, start=Choice(0, "model off"))
+    assert policy.lookup.survival(3, 0) == pytest.approx([0.5, 0.25, 0.125])  # the model draft's neutral α
+    assert policy.lookup.length([1.0] * 16, 0, on_cpu.plain_rate) == 0  # 1.5 tokens in 0.1 s lose to a 60 ms step
+    on_gpu = model_priced(GPU, plain_seconds=0.025)
+    fresh = RequestPolicy(on_gpu, FallbackConfig(), 4, start=Choice(0, "model off"))
+    assert fresh.lookup.length([1.0] * 16, 0, on_gpu.plain_rate) >= 4  # nearly flat cost: the likely head pays
+
+
+def test_a_fresh_route_takes_a_clients_prediction_as_sure() -> None:
+    costs = model_priced(CPU, plain_seconds=0.06)
+    policy = RequestPolicy(costs, FallbackConfig(), 4, start=Choice(0, "model off"))
+    assert trimmed(policy, [1.0] * 16) == 0  # a lookup path: declined until paths prove right
+    assert policy.lookup_length([1.0] * 16, 0, policy.decide(), predicted=True) == 16  # the client's own statement
+
+
+def test_the_route_learns_from_declined_paths_what_its_next_requests_verify() -> None:
+    costs = model_priced(CPU, plain_seconds=0.06)
+    path = tuple(range(16))
+    for _ in range(4):  # declined paths of earlier requests, right as far as the target's chunks went
+        costs.observe(PlainEvent("r", "route", path[:8], 0.48, lookup_missed=True, declined=path))
+    costs.observe(PlainEvent("r", "route", (9, 9), 0.12, lookup_missed=True, declined=(1, 2)))  # one wrong
+    assert [e.samples for e in costs.lookup_survival[0][:9]] == [5, 5, 4, 4, 4, 4, 4, 4, 0]
+    policy = RequestPolicy(costs, FallbackConfig(), 4, start=Choice(0, "model off"))
+    assert policy.lookup.length([1.0] * 16, 0, costs.plain_rate) > 0
 
 
 def test_a_path_is_not_trusted_past_where_shorter_ones_broke() -> None:

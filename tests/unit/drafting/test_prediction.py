@@ -114,9 +114,11 @@ async def test_the_drafter_proposes_the_prediction_first_then_the_route_drafter(
     assert (first.source, first.tokens) == (Source.PREDICTION, tuple(PREDICTION_IDS[:8]))
     assert first.probs.shape == (8, inner.vocabulary.n_vocab)
     assert (first.probs.dense().max(axis=1) == 1).all()  # one-hot
-    trimmed = await drafter.propose(prompt, plan(8, worth=lambda probs, match: 3))
-    assert trimmed.tokens == tuple(PREDICTION_IDS[:3])
-    declined = await drafter.propose(prompt, plan(8, worth=lambda probs, match: 0))
+    asked: list[bool] = []
+    trimmed = await drafter.propose(prompt, plan(8, worth=lambda probs, match, predicted=False:
+                                                 asked.append(predicted) or 3))
+    assert trimmed.tokens == tuple(PREDICTION_IDS[:3]) and asked == [True]  # judged as the client's prediction
+    declined = await drafter.propose(prompt, plan(8, worth=lambda *_, **__: 0))
     assert declined.tokens == (42,) * 8 and declined.declined == tuple(PREDICTION_IDS[:8])  # the route's draft
     done = await drafter.propose(prompt + PREDICTION_IDS, plan(4))
     assert done.tokens == (42,) * 4 and not inner.looks_up and drafter.looks_up
@@ -197,7 +199,7 @@ async def test_after_an_edit_the_models_draft_leads_and_the_prediction_follows_i
     model.script = lambda context, k: [500, 501, 502, 503][:k]  # an edit that does not come back to the prediction
     alone = await drafter.propose(prompt + written, replace(plan(16), k=4))
     assert (alone.source, alone.led, alone.tokens) == ("model", 0, (500, 501, 502, 503))
-    declined = await drafter.propose(prompt + written, replace(plan(16, worth=lambda probs, match: 0), k=4))
+    declined = await drafter.propose(prompt + written, replace(plan(16, worth=lambda *_, **__: 0), k=4))
     assert declined.led == 0 and declined.source == "model"  # a path not worth verifying is not added either
 
 
@@ -205,7 +207,7 @@ async def test_a_route_lookup_path_keeps_its_own_match_beside_a_declined_predict
     inner = route_drafter()
     inner.propose = lambda context, asked: _lookup([600, 601], match=7)
     drafter = PredictionDrafter(inner, PREDICTION_IDS, prompt_length=3)
-    found = await drafter.propose([1, 2, 3], plan(8, worth=lambda probs, match: 0))  # the prediction's path declined
+    found = await drafter.propose([1, 2, 3], plan(8, worth=lambda *_, **__: 0))  # the prediction's path declined
     assert (found.source, found.tokens, found.declined) == ("lookup", (600, 601), tuple(PREDICTION_IDS[:8]))
     assert found.match == 7  # the path verified is judged by the match it was found after
 
