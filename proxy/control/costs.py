@@ -123,8 +123,8 @@ class RouteCosts:
                 self.model_round_tokens.add(len(event.emitted))
                 self.model_round_ceiling.add(len(event.drafted) + 1)
         elif isinstance(event, PlainEvent):
-            if event.lookup_missed:
-                self._record_declined(event.match, event.declined, event.tokens)
+            if event.lookup_missed:  # the path declined, checked against what the target produced instead
+                self._record_path(event.match, *right_prefix(event.declined, event.tokens))
             if not event.prefill:
                 self.record_plain(len(event.tokens), event.seconds, draft_busy=event.draft_busy)
         elif isinstance(event, ReadEvent):
@@ -142,12 +142,9 @@ class RouteCosts:
                 compared, right = outcome
                 self.lookup_alpha.add(right / compared)
             if (checked := event.path_checked) is not None:  # ... and past the cut, where the round's token tells
-                path, right = checked
-                survival = self.lookup_survival[match_class(event.match)]
-                for position in range(min(path, len(survival))):
-                    survival[position].add(1.0 if position < right else 0.0)
+                self._record_path(event.match, *checked)
         elif k > 0:
-            self._record_declined(event.match, event.declined, event.emitted)
+            self._record_path(event.match, *right_prefix(event.declined, event.emitted))  # a lookup path declined
             self.alpha.add(accepted / k)
             for position in range(min(k, len(self.alpha_per_position))):
                 self.alpha_per_position[position].add(1.0 if position < accepted else 0.0)
@@ -206,9 +203,8 @@ class RouteCosts:
         if tokens >= MIN_PLAIN_TOKENS and seconds > 0:
             (self.plain_reading_per_token if draft_busy else self.plain_per_token).add(seconds / tokens)
 
-    def _record_declined(self, match: int, declined: Sequence[int], produced: Sequence[int]) -> None:
-        """A lookup path not worth verifying, checked against what the target produced instead."""
-        compared, right = right_prefix(declined, produced)
+    def _record_path(self, match: int, compared: int, right: int) -> None:
+        """A lookup path of that match compared at its first `compared` positions, the first `right` of them right."""
         curve = self.lookup_survival[match_class(match)]
         for position in range(min(compared, len(curve))):
             curve[position].add(1.0 if position < right else 0.0)
