@@ -22,6 +22,11 @@ class LlamaVocabulary:
         # Looked up once per token: a call into llama.cpp releases the GIL, and with other threads busy the caller
         # waits to get it back (per streamed token, the event loop's lag).
         self._pieces: dict[int, bytes] = {}
+        # A call per vocabulary entry (80 ms for Qwen's 151,936), made here: asked first by a request, it held up that
+        # request and the event loop.
+        vocab = model.vocab
+        self.end_of_generation_ids: frozenset[int] = frozenset(
+            token for token in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, token))
         self._chat_formatters = {
             flag: self._make_chat_formatter(metadata, add_generation_prompt=flag) for flag in (True, False)
         }
@@ -56,14 +61,9 @@ class LlamaVocabulary:
         return buffer.raw[:n]
 
     def is_end_of_generation(self, token: int) -> bool:
-        """True for EOS and the template's end-of-turn tokens."""
+        """True for EOS and the template's end-of-turn tokens (end_of_generation_ids: every id that ends a generation
+        here)."""
         return token in self.end_of_generation_ids
-
-    @functools.cached_property
-    def end_of_generation_ids(self) -> frozenset[int]:
-        """Every id that ends a generation here (looked up once: a call per vocabulary entry)."""
-        vocab = self._model.vocab
-        return frozenset(token for token in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, token))
 
     @functools.cached_property
     def llama_only_ends(self) -> frozenset[int]:
