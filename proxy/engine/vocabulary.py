@@ -22,8 +22,8 @@ class LlamaVocabulary:
         # Looked up once per token: a call into llama.cpp releases the GIL, and with other threads busy the caller
         # waits to get it back (per streamed token, the event loop's lag).
         self._pieces: dict[int, bytes] = {}
-        # A call per vocabulary entry (80 ms for Qwen's 151,936), made here: asked first by a request, it held up that
-        # request and the event loop.
+        # Every id that ends a generation here. A call per vocabulary entry (80 ms for Qwen's 151,936), made here:
+        # asked first by a request, it held up that request and the event loop.
         vocab = model.vocab
         self.end_of_generation_ids: frozenset[int] = frozenset(
             token for token in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, token))
@@ -61,8 +61,7 @@ class LlamaVocabulary:
         return buffer.raw[:n]
 
     def is_end_of_generation(self, token: int) -> bool:
-        """True for EOS and the template's end-of-turn tokens (end_of_generation_ids: every id that ends a generation
-        here)."""
+        """True for EOS and the template's end-of-turn tokens."""
         return token in self.end_of_generation_ids
 
     @functools.cached_property
