@@ -110,9 +110,9 @@ class LlamaEngine:
             raise ContextOverflowError(f"{len(tokens)} tokens exceed the context size of {self.n_ctx}")
         if not 0 <= first_logit_row < len(tokens):
             raise BadRequestError(f"logit row {first_logit_row} is outside 0..{len(tokens) - 1}")
-        bad = [t for t in tokens if not 0 <= t < self.n_vocab]
-        if bad:
-            raise BadRequestError(f"token id {bad[0]} is outside the vocabulary 0..{self.n_vocab - 1}")
+        if min(tokens) < 0 or max(tokens) >= self.n_vocab:  # min and max scan in C: this runs every step
+            bad = next(t for t in tokens if not 0 <= t < self.n_vocab)
+            raise BadRequestError(f"token id {bad} is outside the vocabulary 0..{self.n_vocab - 1}")
 
     def evaluate(self, seq: int, tokens: Sequence[int], first_logit_row: int) -> Evaluation:
         """Evaluate `tokens` in sequence `seq`, reusing its cached prefix; logits for rows >= first_logit_row.
@@ -153,7 +153,7 @@ class LlamaEngine:
                 reading[index] = time.perf_counter() - started
         for step_index, row in decoded + self._decode([r for r in rows if r.wanted]):
             by_step[step_index].append(row)
-        return [Evaluation(np.stack(logits), cached, seconds)
+        return [Evaluation(_rows(logits), cached, seconds)
                 for logits, cached, seconds in zip(by_step, reused, reading, strict=True)]
 
     def fork(self, source: int, target: int, length: int) -> None:
@@ -217,3 +217,8 @@ class LlamaEngine:
         self._batch.close()
         self._ctx.close()
         self._llama.close()
+
+
+def _rows(logits: list[np.ndarray]) -> np.ndarray:
+    """Rows [vocab] as one [rows, vocab] array; a single row without copying it (a plain step's case)."""
+    return logits[0][np.newaxis] if len(logits) == 1 else np.stack(logits)

@@ -16,22 +16,22 @@ With the generated token as the bonus sample, that is all an exact rejection sam
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from proxy.drafting.base import Vocabulary
-from proxy.engine.llama import Evaluation
 from proxy.errors import BadRequestError
 from proxy.sampling.processors import SamplerOrder, SamplingParams, processed_probs
 from proxy.sampling.rejection import sample
 from proxy.verifier.parse import GenerateRequest
+from proxy.verifier.plain import PlainSteps
+
+if TYPE_CHECKING:
+    from proxy.verifier.model import VerifierModel
 
 LLAMA_CPP_ORDER = SamplerOrder.TRUNCATE_THEN_TEMPERATURE  # this verifier samples as llama.cpp does
 
 LogprobEntry = list  # [logprob | None, token_id, None]
-Evaluate = Callable[[int, Sequence[int], int], Awaitable[Evaluation]]  # (sequence, tokens, first logit row)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -61,12 +61,13 @@ def pick_token(row_logits: np.ndarray, params: SamplingParams, rng: np.random.Ge
     return sample(processed_probs(row_logits, params, LLAMA_CPP_ORDER), rng)
 
 
-async def run_generate(evaluate: Evaluate, vocabulary: Vocabulary, seq: int, req: GenerateRequest,
+async def run_generate(model: VerifierModel, seq: int, req: GenerateRequest,
                        rng: np.random.Generator) -> dict[str, Any]:
     """Answer one sequence in llama.cpp sequence `seq`: score the input rows, then generate max_new_tokens."""
     ids = req.input_ids
     start = req.logprob_start_len
-    evaluation = await evaluate(seq, ids, start)
+    vocabulary = model.vocabulary
+    evaluation = await model.evaluate(seq, ids, start)
     meta: dict[str, Any] = {"prompt_tokens": len(ids), "cached_tokens": evaluation.cached_tokens}
     logprobs = log_softmax(evaluation.logits) if req.return_logprob else None  # row r predicts token start + r + 1
     if logprobs is not None:
@@ -78,22 +79,23 @@ async def run_generate(evaluate: Evaluate, vocabulary: Vocabulary, seq: int, req
         ]
     if req.draft_support_ids is not None:
         meta["draft_support"] = _draft_support(vocabulary.n_vocab, req, evaluation.logits, rng)
-    output_ids, output_actual, output_top = [], [], []
-    row, context = evaluation.logits[-1], list(ids)
-    finish: dict[str, Any] = {"type": "length", "length": req.max_new_tokens}
-    for step in range(req.max_new_tokens):
-        if step:
-            row = (await evaluate(seq, context, len(context) - 1)).logits[0]
+    output_actual: list[LogprobEntry] = []
+    output_top: list[list[LogprobEntry]] = []
+
+    def choose(row: np.ndarray) -> int:  # row: [vocab]
         token = pick_token(row, req.params, rng)
-        output_ids.append(token)
         if logprobs is not None:  # a full-vocabulary pass per token, which plain decoding does without
-            row_logprobs = log_softmax(row[None])[0] if step else logprobs[-1]
+            row_logprobs = log_softmax(row[None])[0] if output_actual else logprobs[-1]
             output_actual.append([float(row_logprobs[token]), token, None])
             output_top.append(top_entries(row_logprobs, req.top_logprobs_num))
-        context.append(token)
-        if vocabulary.is_end_of_generation(token):
-            finish = {"type": "stop", "matched": token}
-            break
+        return token
+
+    steps = PlainSteps(list(ids), choose, vocabulary.is_end_of_generation, req.max_new_tokens,
+                       first_row=evaluation.logits[-1])
+    output_ids = [token async for token in model.decode_plain(seq, steps)]
+    finish: dict[str, Any] = {"type": "length", "length": req.max_new_tokens}
+    if output_ids and vocabulary.is_end_of_generation(output_ids[-1]):
+        finish = {"type": "stop", "matched": output_ids[-1]}
     meta.update(completion_tokens=len(output_ids), finish_reason=finish)
     if logprobs is not None:
         meta["output_token_logprobs"] = output_actual

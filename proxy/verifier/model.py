@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
+from functools import partial
 
 from proxy.engine.batcher import StepBatcher
 from proxy.engine.llama import Evaluation, LlamaEngine
 from proxy.engine.runner import EngineRunner
 from proxy.engine.sequences import SequenceLeases, SequencePool
+from proxy.verifier.plain import PlainSteps
 
 
 class VerifierModel:
@@ -30,6 +32,30 @@ class VerifierModel:
         if self._batcher is not None:
             return await self._batcher.evaluate(seq, tokens, first_logit_row)
         return await self._runner.run(self.engine.evaluate, seq, tokens, first_logit_row)
+
+    async def decode_plain(self, seq: int, steps: PlainSteps) -> AsyncIterator[int]:
+        """Decode on from `steps` in sequence `seq`, yielding each token as it is picked."""
+        if steps.limit <= 0:
+            return
+        if self._batcher is None:  # each step picks its token on the engine's thread and queues the next
+            async with aclosing(self._runner.chain(partial(self._step, seq, steps))) as tokens:
+                async for token in tokens:
+                    yield token
+            return
+        more = True
+        while more:  # each step shares a decode with the other requests' steps
+            row = steps.known_row()
+            if row is None:
+                row = (await self._batcher.evaluate(seq, steps.context, len(steps.context) - 1)).logits[0]
+            token, more = steps.take(row)
+            yield token
+
+    def _step(self, seq: int, steps: PlainSteps) -> tuple[int, bool]:
+        """One plain step on the engine's thread."""
+        row = steps.known_row()
+        if row is None:
+            row = self.engine.evaluate(seq, steps.context, len(steps.context) - 1).logits[0]
+        return steps.take(row)
 
     @asynccontextmanager
     async def sequence(self, context: Sequence[int]) -> AsyncIterator[int]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 
 import numpy as np
 from aiohttp import web
@@ -30,6 +31,7 @@ from proxy.verifier.generate import pick_token, run_generate
 from proxy.verifier.info import MODEL, MODEL_NAME
 from proxy.verifier.model import VerifierModel
 from proxy.verifier.parse import RequestLimits, check_limits, parse_generate
+from proxy.verifier.plain import PlainSteps
 from proxy.wire.browsers import Bound
 from proxy.wire.emit import write_generation
 from proxy.wire.errors import error_middleware
@@ -52,7 +54,7 @@ async def generate(request: web.Request) -> web.Response:
     model = request.app[MODEL]
     check_limits(requests, model.engine.n_ctx, model.engine.n_vocab, request.app[LIMITS])
     async with model.sequence(requests[0].input_ids) as seq:  # a batch's sequences take turns in one
-        answers = [await run_generate(model.evaluate, model.vocabulary, seq, req, np.random.default_rng(req.seed))
+        answers = [await run_generate(model, seq, req, np.random.default_rng(req.seed))
                    for req in requests]
     return web.json_response(answers if batched else answers[0])
 
@@ -79,15 +81,11 @@ async def _decode_one_by_one(
     rng: np.random.Generator,
 ) -> AsyncIterator[list[int]]:
     """Plain decoding: one token per forward pass, in a sequence held for the whole generation."""
-    async with model.sequence(prompt_ids) as seq:
-        context = list(prompt_ids)
-        for _ in range(max_tokens):
-            evaluation = await model.evaluate(seq, context, len(context) - 1)
-            token = pick_token(evaluation.logits[0], params, rng)
+    steps = PlainSteps(list(prompt_ids), lambda row: pick_token(row, params, rng),
+                       model.vocabulary.is_end_of_generation, max_tokens)
+    async with model.sequence(prompt_ids) as seq, aclosing(model.decode_plain(seq, steps)) as tokens:
+        async for token in tokens:  # closed before the sequence is given back: no step of it starts after
             yield [token]
-            if model.vocabulary.is_end_of_generation(token):
-                return
-            context.append(token)
 
 
 async def _openai_generation(request: web.Request, kind: str) -> web.StreamResponse:
