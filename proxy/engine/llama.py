@@ -65,7 +65,12 @@ class _Row:
     seq: int
     position: int
     token: int
-    wanted: bool
+    out: int  # its row in the step's returned logits; -1 where none is returned
+
+    @property
+    def wanted(self) -> bool:
+        """Whether its logits are returned."""
+        return self.out >= 0
 
 
 class LlamaEngine:
@@ -137,24 +142,24 @@ class LlamaEngine:
         if len({step.seq for step in steps}) != len(steps):
             raise ValueError("each sequence may appear once in a shared decode")
         reused = [self._reuse(s.seq, s.tokens, s.first_logit_row) for s in steps]
-        rows = [_Row(i, s.seq, p, s.tokens[p], p >= s.first_logit_row)
+        rows = [_Row(i, s.seq, p, s.tokens[p], p - s.first_logit_row)
                 for i, (s, start) in enumerate(zip(steps, reused)) for p in range(start, len(s.tokens))]
-        by_step: list[list[np.ndarray]] = [[] for _ in steps]
+        # The returned rows go straight into one array a step: llama.cpp overwrites its logits at the next decode.
+        logits = [np.empty((len(s.tokens) - s.first_logit_row, self.n_vocab), np.float32) for s in steps]
         # Each step's prefix in a decode of its own, then every step's returned rows together: a
         # row's cache values depend on the batch it was computed in, so only the returned rows are
         # shared (one a step when drafting, and a single row per sequence was measured to give the
         # same logits alone or beside others), and a step gets the logits it would get alone.
         prefixes = [[r for r in rows if r.step == i and not r.wanted] for i in range(len(steps))]
-        decoded, reading = [], [0.0] * len(steps)
+        reading = [0.0] * len(steps)
         for index, prefix in enumerate(prefixes):
             if prefix:
                 started = time.perf_counter()
-                decoded += self._decode(prefix)
+                self._decode(prefix, logits)
                 reading[index] = time.perf_counter() - started
-        for step_index, row in decoded + self._decode([r for r in rows if r.wanted]):
-            by_step[step_index].append(row)
-        return [Evaluation(_rows(logits), cached, seconds)
-                for logits, cached, seconds in zip(by_step, reused, reading, strict=True)]
+        self._decode([r for r in rows if r.wanted], logits)
+        return [Evaluation(returned, cached, seconds)
+                for returned, cached, seconds in zip(logits, reused, reading, strict=True)]
 
     def fork(self, source: int, target: int, length: int) -> None:
         """Make sequence `target` hold the first `length` tokens of `source` (a cache copy, no decoding)."""
@@ -173,24 +178,39 @@ class LlamaEngine:
         self._truncate(seq, reused)
         return reused
 
-    def _decode(self, rows: list[_Row]) -> list[tuple[int, np.ndarray]]:
-        """Decode rows in chunks of n_batch; return (step index, logits) for each wanted row, in order."""
-        out = []
+    def next_row(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
+        """The logits after `tokens` (a plain step's row): a view of llama.cpp's buffer, valid until the next decode.
+
+        Where `seq` holds all of `tokens` but the last, that token is decoded alone, as `evaluate` would, without
+        copying the row out; otherwise this is `evaluate`'s last row.
+        """
+        held, token = self._held[seq], tokens[-1]
+        if not (len(tokens) == len(held) + 1 <= self.n_ctx and 0 <= token < self.n_vocab and held == tokens[:-1]):
+            return self.evaluate(seq, tokens, len(tokens) - 1).logits[0]
+        self._run_batch([_Row(0, seq, len(held), token, 0)])
+        return np.ctypeslib.as_array(self._ctx.get_logits_ith(0), shape=(self.n_vocab,))
+
+    def _decode(self, rows: list[_Row], logits: list[np.ndarray]) -> None:
+        """Decode rows in chunks of n_batch, copying each wanted row's logits into its step's array."""
         for start in range(0, len(rows), self.options.n_batch):
             chunk = rows[start : start + self.options.n_batch]
-            self._fill_batch(chunk)
-            try:
-                self._ctx.decode(self._batch)
-            except RuntimeError:
-                for row in chunk:  # what this chunk may have written is forgotten
-                    self._truncate(row.seq, min(row.position, len(self._held[row.seq])))
-                raise
+            self._run_batch(chunk)
             for index, row in enumerate(chunk):
-                self._held[row.seq].append(row.token)
                 if row.wanted:
-                    logits = np.ctypeslib.as_array(self._ctx.get_logits_ith(index), shape=(self.n_vocab,))
-                    out.append((row.step, logits.copy()))
-        return out
+                    decoded = np.ctypeslib.as_array(self._ctx.get_logits_ith(index), shape=(self.n_vocab,))
+                    logits[row.step][row.out] = decoded
+
+    def _run_batch(self, chunk: Sequence[_Row]) -> None:
+        """One llama_decode of the chunk; each sequence then holds its rows' tokens."""
+        self._fill_batch(chunk)
+        try:
+            self._ctx.decode(self._batch)
+        except RuntimeError:
+            for row in chunk:  # what this chunk may have written is forgotten
+                self._truncate(row.seq, min(row.position, len(self._held[row.seq])))
+            raise
+        for row in chunk:
+            self._held[row.seq].append(row.token)
 
     def _fill_batch(self, chunk: Sequence[_Row]) -> None:
         batch = self._batch.batch
@@ -218,7 +238,3 @@ class LlamaEngine:
         self._ctx.close()
         self._llama.close()
 
-
-def _rows(logits: list[np.ndarray]) -> np.ndarray:
-    """Rows [vocab] as one [rows, vocab] array; a single row without copying it (a plain step's case)."""
-    return logits[0][np.newaxis] if len(logits) == 1 else np.stack(logits)

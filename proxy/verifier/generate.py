@@ -111,15 +111,36 @@ def _draft_support(n_vocab: int, req: GenerateRequest, logits: np.ndarray,
     k = len(support)
     if k == 0:  # a round without drafts: only the bonus sample is needed
         return {"target_probs": [], "outside_mass": [], "outside_tokens": []}
+    if any(max(ids) >= n_vocab or min(ids) < 0 for ids in support):
+        raise BadRequestError("'draft_support_ids' holds an id outside the vocabulary", param="draft_support_ids")
     first = len(req.input_ids) - k - 1 - req.logprob_start_len  # the row predicting the first draft
-    probs = processed_probs(logits[first : first + k], req.params, LLAMA_CPP_ORDER)  # [k, vocab]
+    if req.params.greedy:
+        return greedy_support(logits[first : first + k], support)
+    return support_answer(processed_probs(logits[first : first + k], req.params, LLAMA_CPP_ORDER), support, rng)
+
+
+def support_answer(probs: np.ndarray, support: list[list[int]], rng: np.random.Generator) -> dict[str, list]:
+    """From the processed rows (which it overwrites): each support's probabilities, the mass outside, a draw there."""
     target_probs, outside_mass, outside_tokens = [], [], []
-    for row, ids in zip(probs, support):
-        if max(ids) >= n_vocab or min(ids) < 0:
-            raise BadRequestError("'draft_support_ids' holds an id outside the vocabulary", param="draft_support_ids")
+    for row, ids in zip(probs, support):  # probs: [k, vocab]
         target_probs.append([float(row[i]) for i in ids])
         row[ids] = 0.0  # the row is ours: what remains is the mass outside the support
         mass = float(row.sum())
         outside_mass.append(mass)
         outside_tokens.append(sample(row, rng) if mass > 0.0 else None)
+    return {"target_probs": target_probs, "outside_mass": outside_mass, "outside_tokens": outside_tokens}
+
+
+def greedy_support(logits: np.ndarray, support: list[list[int]]) -> dict[str, list]:
+    """support_answer at temperature 0, where each row's distribution is one-hot at its argmax: the same answer
+    without building [k, vocab] float64 rows (a verification of 32 lookups spent 27 ms on them)."""
+    tops = np.argmax(logits, axis=-1)  # [k]; the lowest id on ties, as processed_probs picks
+    if not np.all(logits[np.arange(len(tops)), tops] > -np.inf):
+        raise ValueError("every row of logits needs at least one finite value")
+    target_probs, outside_mass, outside_tokens = [], [], []
+    for top, ids in zip(tops.tolist(), support):
+        target_probs.append([1.0 if i == top else 0.0 for i in ids])
+        inside = top in ids
+        outside_mass.append(0.0 if inside else 1.0)
+        outside_tokens.append(None if inside else top)
     return {"target_probs": target_probs, "outside_mass": outside_mass, "outside_tokens": outside_tokens}

@@ -54,7 +54,7 @@ class VerifierModel:
         """One plain step on the engine's thread."""
         row = steps.known_row()
         if row is None:
-            row = self.engine.evaluate(seq, steps.context, len(steps.context) - 1).logits[0]
+            row = self.engine.next_row(seq, steps.context)  # read before anything else decodes
         return steps.take(row)
 
     @asynccontextmanager

@@ -83,6 +83,20 @@ async def test_a_drafts_speed_leaves_out_reading_the_context(model_paths: dict[s
         drafter.close()
 
 
+def test_a_plain_step_reads_the_row_evaluate_returns(engine: LlamaEngine) -> None:
+    context = ids(engine, PROMPTS[0])
+    engine.evaluate(0, context, len(context) - 1)
+    engine.evaluate(1, context, len(context) - 1)
+    token = ids(engine, " Paris")[-1]
+    stepped = engine.next_row(0, [*context, token]).copy()  # the one new token, decoded alone
+    expected = engine.evaluate(1, [*context, token], len(context)).logits[0]
+    np.testing.assert_array_equal(stepped, expected)
+    assert engine.held(0) == [*context, token]
+    # A context the sequence does not hold all but the last of is evaluated as evaluate would.
+    other = ids(engine, PROMPTS[3])
+    np.testing.assert_array_equal(engine.next_row(0, other), engine.evaluate(1, other, len(other) - 1).logits[0])
+
+
 def test_a_fork_continues_exactly_like_its_source(engine: LlamaEngine) -> None:
     a = ids(engine, PROMPTS[2])
     engine.evaluate(0, a, len(a) - 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
 import pytest
@@ -71,6 +72,32 @@ async def test_calls_queued_meanwhile_run_between_two_steps() -> None:
     assert steps.journal == ["step 0", "another request", "step 1", "step 2"]
 
 
+async def test_two_chains_take_turns_step_by_step() -> None:
+    engine_runner, journal = runner(), []
+    first_began, go = threading.Event(), threading.Event()
+
+    def steps(name: str) -> Callable[[], tuple[int, bool]]:
+        done = iter(range(4))
+
+        def step() -> tuple[int, bool]:
+            index = next(done)
+            if name == "a" and index == 0:  # held until the other chain has queued its first step
+                first_began.set()
+                go.wait(HOLD_S)
+            journal.append(f"{name} {index}")
+            return index, index < 3
+        return step
+
+    a = asyncio.create_task(_drain(engine_runner.chain(steps("a"))))
+    assert await asyncio.to_thread(first_began.wait, HOLD_S)
+    b = asyncio.create_task(_drain(engine_runner.chain(steps("b"))))
+    await asyncio.sleep(0)  # b's chain queues its first step
+    go.set()
+    assert await asyncio.gather(a, b) == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    # Neither runs on alone while the other waits: each step queues behind the other's.
+    assert journal == ["a 0", "b 0", "a 1", "b 1", "a 2", "b 2", "a 3", "b 3"]
+
+
 async def test_a_caller_that_stops_drops_the_steps_not_started() -> None:
     engine_runner, steps = runner(), Steps(10, hold_at=1)
     async with aclosing(engine_runner.chain(steps)) as values:
@@ -108,6 +135,10 @@ async def test_a_gated_engine_refuses_chained_steps() -> None:
     gated.gate = CoreGate()
     with pytest.raises(ValueError, match="gate"):
         await anext(gated.chain(Steps(1)))
+
+
+async def _drain(values: AsyncIterator[int]) -> list[int]:
+    return [value async for value in values]
 
 
 async def _collect(engine_runner: EngineRunner, steps: Steps) -> list[int]:

@@ -39,6 +39,9 @@ class ArithmeticEngine:
     def evaluate(self, seq: int, tokens: Sequence[int], first_logit_row: int) -> Evaluation:
         return self.evaluate_steps([Step(seq, tokens, first_logit_row)])[0]
 
+    def next_row(self, seq: int, tokens: Sequence[int]) -> np.ndarray:
+        return self.evaluate(seq, tokens, len(tokens) - 1).logits[0]
+
     def evaluate_steps(self, steps: Sequence[Step]) -> list[Evaluation]:
         self.evaluations += len(steps)
         out = []
