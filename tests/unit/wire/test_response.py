@@ -1,4 +1,4 @@
-"""Server-sent events: compact JSON, the numbers numpy computes written as plain JSON numbers."""
+"""Server-sent events: compact JSON, written as json.dumps wrote it (numpy numbers, enum and int keys)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 
+from proxy.drafting.base import Source
 from proxy.wire.response import sse_event
 
 
@@ -17,6 +18,7 @@ def test_an_event_is_one_data_line_of_compact_json() -> None:
     assert b", " not in event and b": " not in event[len(b"data: "):]
 
 
-def test_numpy_numbers_are_written_as_json_numbers() -> None:
-    event = sse_event({"logprob": np.float64(-0.25), "token": np.int64(7), "top": [np.float32(0.5)]})
-    assert json.loads(event[len(b"data: "):]) == {"logprob": -0.25, "token": 7, "top": [0.5]}
+def test_numpy_numbers_and_keys_that_are_not_plain_str_are_written_as_json_writes_them() -> None:
+    obj = {"logprob": np.float64(-0.25), "token": np.int64(7), "by_k": {1: 49.9, 32: 283.7},
+           "drafts": {Source.LOOKUP: {"rounds": 2}}}  # the proxy's report keys its figures by Source
+    assert json.loads(sse_event(obj)[len(b"data: "):]) == json.loads(json.dumps(obj, default=int))
